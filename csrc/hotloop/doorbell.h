@@ -1,0 +1,68 @@
+// Doorbell: "something changed, look again", as one cache line that can live in process or shared memory.
+//
+// Roles. Producers publish their data (with release stores or under their own lock), then ring().
+// A waiter that found nothing to do parks without missing a ring:
+//   announce();                        // 1. count myself as parked (seq_cst)
+//   uint32_t seen = sequence();        // 2. the value to sleep on
+//   if (my sources are ready) { retract(); return; }   // 3. re-check after announcing
+//   park(seen, deadline);              // 4. sleeps only while the word still equals `seen`
+//   retract();
+// A ring that lands before step 2 is visible to the re-check in step 3; one after step 2 changes the word,
+// so the futex call returns at once or is woken (ring() sees parked() > 0). Hence no lost wake-up.
+//
+// Cost. ring() is one atomic increment plus one load when nobody is parked: no system call. With parked
+// waiters it adds one futex wake, and one eventfd write per waiter that watches the doorbell through an
+// eventfd (a waiter that also watches file descriptors sleeps in ppoll, not on the futex).
+//
+// Placement. Trivially constructible and exactly one cache line, so it can sit inside a shared-memory
+// segment (construct with process_shared = true; the futex is then process-shared). Eventfd watchers are a
+// process-local registry: only rings from the same process reach them.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "hotloop/clock.h"
+
+namespace hotloop {
+
+class alignas(kCacheLine) Doorbell {
+ public:
+  explicit Doorbell(bool process_shared = false) noexcept : shared_(process_shared ? 1u : 0u) {}
+  Doorbell(const Doorbell&) = delete;
+  Doorbell& operator=(const Doorbell&) = delete;
+
+  // Producer side: call after publishing the data the waiter will look at.
+  void ring() noexcept {
+    seq_.fetch_add(1, std::memory_order_seq_cst);
+    if (parked_.load(std::memory_order_seq_cst) != 0) wake_parked();
+  }
+
+  // Waiter side (see the protocol above).
+  uint32_t sequence() const noexcept { return seq_.load(std::memory_order_seq_cst); }
+  void announce() noexcept { parked_.fetch_add(1, std::memory_order_seq_cst); }
+  void retract() noexcept { parked_.fetch_sub(1, std::memory_order_release); }
+  // Sleeps while the sequence equals `seen`, until a ring, the deadline, or a signal. Returns futex::wait's code.
+  int park(uint32_t seen, int64_t deadline_ns) noexcept;
+
+  // An eventfd to write to on every ring while registered (for waiters that sleep in ppoll). Register before
+  // announce(), unregister after retract().
+  void watch(int eventfd) noexcept;
+  void unwatch(int eventfd) noexcept;
+
+  uint32_t parked() const noexcept { return parked_.load(std::memory_order_relaxed); }
+  bool process_shared() const noexcept { return shared_ != 0; }
+  const std::atomic<uint32_t>* word() const noexcept { return &seq_; }
+
+ private:
+  void wake_parked() noexcept;
+
+  std::atomic<uint32_t> seq_{0};
+  std::atomic<uint32_t> parked_{0};
+  std::atomic<uint32_t> watchers_{0};
+  uint32_t shared_;
+};
+
+static_assert(sizeof(Doorbell) == kCacheLine, "a Doorbell is exactly one cache line");
+
+}  // namespace hotloop

@@ -1,0 +1,241 @@
+// wait_any over flags, descriptors and counters: readiness masks, timeouts, wake-ups from park, errors.
+#include "hotloop/wait_any.h"
+
+#include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <stdexcept>
+#include <thread>
+
+#include "hotloop/clock.h"
+#include "hotloop/errors.h"
+#include "hotloop/fd_source.h"
+#include "hotloop/flag.h"
+#include "test_util.h"
+
+namespace hotloop {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+const WaitPolicy kParkAtOnce(0, 0, false);
+
+struct Pipe {
+  int r = -1, w = -1;
+  Pipe() {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
+    r = fds[0];
+    w = fds[1];
+  }
+  ~Pipe() {
+    if (r >= 0) ::close(r);
+    if (w >= 0) ::close(w);
+  }
+  void write_byte() { ASSERT_EQ(::write(w, "x", 1), 1); }
+};
+
+TEST(WaitAny, ReportsWhichSourcesAreReady) {
+  Flag a, b, c;
+  Source* s[] = {&a, &b, &c};
+  WaitPolicy p;
+  b.set();
+  c.set();
+  EXPECT_EQ(wait_any(s, 3, 0, p), 0b110u);
+  EXPECT_EQ(ready_mask(s, 3), 0b110u);
+  b.clear();
+  c.clear();
+  EXPECT_EQ(wait_any(s, 3, 0, p), 0u);
+}
+
+TEST(WaitAny, NeverConsumes) {
+  Flag f;
+  f.set();
+  Source* s[] = {&f};
+  WaitPolicy p;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(wait_any(s, 1, 0, p), 1u);
+  EXPECT_TRUE(f.is_set());
+}
+
+TEST(WaitAny, TimeoutIsHonouredInEveryPhase) {
+  Flag f;
+  Source* s[] = {&f};
+  for (WaitPolicy p : {WaitPolicy(0, 0, false), WaitPolicy(100 * kMs, 0, false), WaitPolicy(0, 100 * kMs, false),
+                       WaitPolicy()}) {
+    WaitStats st;
+    int64_t t0 = now_ns();
+    EXPECT_EQ(wait_any(s, 1, 30 * kMs, p, nullptr, &st), 0u);
+    int64_t waited = now_ns() - t0;
+    EXPECT_GE(waited, 30 * kMs);
+    EXPECT_LT(waited, 30 * kMs + 50 * kMs) << "returned late after the deadline";
+  }
+}
+
+TEST(WaitAny, FlagSetFromAnotherThreadWakesAParkedWait) {
+  Flag f;
+  Source* s[] = {&f};
+  WaitPolicy p = kParkAtOnce;
+  WaitStats st;
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    f.set();
+  });
+  int64_t t0 = now_ns();
+  EXPECT_EQ(wait_any(s, 1, 5'000 * kMs, p, nullptr, &st), 1u);
+  EXPECT_LT(now_ns() - t0, 2'000 * kMs);
+  EXPECT_EQ(st.phase, WaitPhase::kPark);
+  setter.join();
+  EXPECT_EQ(f.doorbell()->parked(), 0u);
+}
+
+TEST(WaitAny, SeveralDoorbellsWakeThroughOneSleep) {
+  Flag a, b, c;
+  Source* s[] = {&a, &b, &c};
+  for (Flag* which : {&a, &b, &c}) {
+    a.clear(), b.clear(), c.clear();
+    WaitPolicy p = kParkAtOnce;
+    WaitStats st;
+    std::thread setter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      which->set();
+    });
+    uint64_t mask = wait_any(s, 3, 5'000 * kMs, p, nullptr, &st);
+    setter.join();
+    EXPECT_EQ(mask, which == &a ? 1u : which == &b ? 2u : 4u);
+    EXPECT_EQ(st.phase, WaitPhase::kPark);
+  }
+}
+
+TEST(WaitAny, ReadableDescriptorWakesAParkedWait) {
+  Pipe pipe;
+  FdSource fd(pipe.r);
+  Flag f;
+  Source* s[] = {&f, &fd};
+  WaitPolicy p = kParkAtOnce;
+  WaitStats st;
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    pipe.write_byte();
+  });
+  int64_t t0 = now_ns();
+  EXPECT_EQ(wait_any(s, 2, 5'000 * kMs, p, nullptr, &st), 2u);
+  EXPECT_LT(now_ns() - t0, 2'000 * kMs);
+  EXPECT_EQ(st.phase, WaitPhase::kPark);
+  writer.join();
+}
+
+TEST(WaitAny, FlagWakesAWaitThatAlsoWatchesDescriptors) {
+  Pipe pipe;
+  FdSource fd(pipe.r);
+  Flag f;
+  Source* s[] = {&fd, &f};
+  WaitPolicy p = kParkAtOnce;
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    f.set();
+  });
+  int64_t t0 = now_ns();
+  EXPECT_EQ(wait_any(s, 2, 5'000 * kMs, p), 2u);
+  EXPECT_LT(now_ns() - t0, 90 * kMs) << "the flag must wake the ppoll through the eventfd, not the 100 ms recheck";
+  setter.join();
+  EXPECT_EQ(f.doorbell()->parked(), 0u);
+}
+
+TEST(WaitAny, DescriptorIsNoticedWhileSpinning) {
+  Pipe pipe;
+  FdSource fd(pipe.r);
+  Source* s[] = {&fd};
+  WaitPolicy spin_long(2'000 * kMs, 0, false);
+  WaitStats st;
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    pipe.write_byte();
+  });
+  EXPECT_EQ(wait_any(s, 1, 5'000 * kMs, spin_long, nullptr, &st), 1u);
+  EXPECT_EQ(st.phase, WaitPhase::kSpin);
+  writer.join();
+}
+
+TEST(WaitAny, HungUpDescriptorCountsAsReady) {
+  Pipe pipe;
+  FdSource fd(pipe.r);
+  ::close(pipe.w);
+  pipe.w = -1;
+  Source* s[] = {&fd};
+  WaitPolicy p;
+  EXPECT_EQ(wait_any(s, 1, 1'000 * kMs, p), 1u);
+}
+
+TEST(WaitAny, DescriptorClosedWhileWaitedOnRaises) {
+  Pipe pipe;
+  FdSource fd(pipe.r);
+  Source* s[] = {&fd};
+  WaitPolicy p = kParkAtOnce;
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ::close(pipe.r);
+    pipe.r = -1;
+  });
+  int64_t t0 = now_ns();
+  EXPECT_THROW(wait_any(s, 1, -1, p), SourceError);
+  EXPECT_LT(now_ns() - t0, 1'000 * kMs);
+  closer.join();
+}
+
+TEST(WaitAny, BadArgumentsAreRejected) {
+  WaitPolicy p;
+  EXPECT_THROW(wait_any(nullptr, 0, -1, p), std::invalid_argument);
+  Source* null_source[] = {nullptr};
+  EXPECT_THROW(wait_any(null_source, 1, 0, p), std::invalid_argument);
+  Flag flags[65];
+  Source* many[65];
+  for (int i = 0; i < 65; ++i) many[i] = &flags[i];
+  EXPECT_THROW(wait_any(many, 65, 0, p), std::invalid_argument);
+  EXPECT_THROW(FdSource(-1), std::invalid_argument);
+  EXPECT_THROW(FdSource(1'000'000), SourceError);
+}
+
+TEST(WaitAny, NoSourcesSleepsUntilTheTimeout) {
+  WaitPolicy p;
+  int64_t t0 = now_ns();
+  EXPECT_EQ(wait_any(nullptr, 0, 20 * kMs, p), 0u);
+  EXPECT_GE(now_ns() - t0, 20 * kMs);
+}
+
+TEST(WaitAny, HookCanAbortAParkedWaitAndLeavesNothingAnnounced) {
+  Flag f;
+  Source* s[] = {&f};
+  WaitPolicy p = kParkAtOnce;
+  int calls = 0;
+  WaitHooks hooks;
+  hooks.slice_ns = 5 * kMs;
+  hooks.ctx = &calls;
+  hooks.on_slice = [](void* ctx) {
+    if (++*static_cast<int*>(ctx) == 3) throw std::runtime_error("interrupted");
+  };
+  int64_t t0 = now_ns();
+  EXPECT_THROW(wait_any(s, 1, -1, p, &hooks), std::runtime_error);
+  EXPECT_EQ(calls, 3);
+  EXPECT_LT(now_ns() - t0, 1'000 * kMs);
+  EXPECT_EQ(f.doorbell()->parked(), 0u);
+}
+
+TEST(WaitAny, AdaptivePolicyLearnsToPark) {
+  Flag f;
+  Source* s[] = {&f};
+  WaitPolicy p(50'000, 0, true);
+  // Events 5 ms apart: after a few waits the policy stops spinning its 50 us budget.
+  for (int i = 0; i < 20; ++i) {
+    std::thread setter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      f.set();
+    });
+    EXPECT_EQ(wait_any(s, 1, 5'000 * kMs, p), 1u);
+    f.clear();
+    setter.join();
+  }
+  EXPECT_EQ(p.budgets().spin_ns, p.min_spin_ns());
+}
+
+}  // namespace
+}  // namespace hotloop
