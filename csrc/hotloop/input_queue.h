@@ -20,7 +20,7 @@
 
 namespace hotloop {
 
-class InputQueue final : public Source {
+class InputQueue : public Source {
  public:
   // Returns false (and takes nothing) if the queue is closed.
   bool put(void* item);

@@ -1,0 +1,156 @@
+// Bindings of the wait primitives: Source, Flag, FdSource, WaitPolicy, Waiter, wait_any.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <atomic>
+#include <string>
+
+#include "common.h"
+#include "hotloop/fd_source.h"
+#include "hotloop/flag.h"
+#include "hotloop/wait_policy.h"
+
+namespace hotloop::py {
+namespace {
+
+using namespace nb::literals;
+
+const char* phase_name(WaitPhase p) {
+  switch (p) {
+    case WaitPhase::kImmediate: return "immediate";
+    case WaitPhase::kSpin: return "spin";
+    case WaitPhase::kYield: return "yield";
+    case WaitPhase::kPark: return "park";
+  }
+  return "?";
+}
+
+int64_t us_to_ns(double us, const char* name) {
+  if (!(us >= 0)) throw nb::value_error((std::string(name) + " must be >= 0 microseconds").c_str());
+  return int64_t(us * 1e3);
+}
+
+// A prepared wait over a fixed list of sources, with its own (possibly adaptive) policy.
+class Waiter {
+ public:
+  Waiter(nb::handle sources, const WaitPolicy* policy) : sources_(sources) {
+    if (policy) policy_ = *policy;
+  }
+  nb::list wait(const nb::object& timeout) {
+    WaitStats st;
+    uint64_t mask = wait_released(sources_.data(), sources_.size(), timeout_ns(timeout, "Waiter.wait"), policy_, &st);
+    last_phase_.store(st.phase, std::memory_order_relaxed);
+    return sources_.select(mask);
+  }
+  nb::list ready() const { return sources_.select(ready_mask(sources_.data(), sources_.size())); }
+  WaitPolicy& policy() { return policy_; }
+  const char* last_phase() const { return phase_name(last_phase_.load(std::memory_order_relaxed)); }
+
+ private:
+  SourceList sources_;
+  WaitPolicy policy_;
+  std::atomic<WaitPhase> last_phase_{WaitPhase::kImmediate};
+};
+
+WaitPolicy g_default_policy;
+
+}  // namespace
+
+void bind_wait(nb::module_& m) {
+  nb::class_<Source>(m, "Source",
+                     "Base of everything wait_any can wait on. `ready()` is a cheap check that consumes nothing.")
+      .def("ready", &Source::ready, "Whether the source is ready now (never blocks, consumes nothing).");
+
+  nb::class_<Flag, Source>(m, "Flag",
+                           "A settable flag that wait_any can wait on (cancel, shutdown). Safe from any thread.")
+      .def(nb::init<>())
+      .def("set", &Flag::set, "Set the flag and wake every waiter.")
+      .def("clear", &Flag::clear, "Clear the flag.")
+      .def("is_set", &Flag::is_set, "Whether the flag is set.")
+      .def("__bool__", &Flag::is_set)
+      .def("__repr__", [](const Flag& f) { return std::string("Flag(") + (f.is_set() ? "set" : "clear") + ")"; });
+
+  nb::class_<FdSource, Source>(m, "FdSource",
+                               "A file descriptor as a source: ready when readable (or hung up). Does not own or "
+                               "close the descriptor; raises SourceError if it is closed while waited on.")
+      .def("__init__",
+           [](FdSource* self, nb::handle fd_or_file) {
+             int fd;
+             if (!nb::try_cast<int>(fd_or_file, fd)) {
+               if (!nb::hasattr(fd_or_file, "fileno")) {
+                 throw nb::type_error("FdSource needs an int file descriptor or an object with fileno()");
+               }
+               fd = nb::cast<int>(fd_or_file.attr("fileno")());
+             }
+             new (self) FdSource(fd);
+           },
+           "fd"_a)
+      .def_prop_ro("fd", &FdSource::fd)
+      .def("__repr__", [](const FdSource& s) { return "FdSource(" + std::to_string(s.fd()) + ")"; });
+
+  nb::class_<WaitPolicy>(m, "WaitPolicy",
+                         "How a wait spins, then yields, then parks. Budgets in microseconds. adaptive=True sizes "
+                         "the spin from recent wait durations (spin when events come quickly, park when they do "
+                         "not); give each waiting loop its own adaptive policy.")
+      .def("__init__",
+           [](WaitPolicy* self, double spin_us, double yield_us, bool adaptive, double min_spin_us,
+              double fd_check_us) {
+             new (self) WaitPolicy(us_to_ns(spin_us, "spin_us"), us_to_ns(yield_us, "yield_us"), adaptive);
+             self->set_min_spin_ns(us_to_ns(min_spin_us, "min_spin_us"));
+             self->set_fd_check_ns(us_to_ns(fd_check_us, "fd_check_us"));
+           },
+           "spin_us"_a = WaitPolicy::kDefaultSpinNs / 1e3, "yield_us"_a = WaitPolicy::kDefaultYieldNs / 1e3,
+           "adaptive"_a = false, "min_spin_us"_a = WaitPolicy::kDefaultMinSpinNs / 1e3,
+           "fd_check_us"_a = WaitPolicy::kDefaultFdCheckNs / 1e3)
+      .def_prop_rw("spin_us", [](const WaitPolicy& p) { return p.spin_ns() / 1e3; },
+                   [](WaitPolicy& p, double v) { p.set_spin_ns(us_to_ns(v, "spin_us")); })
+      .def_prop_rw("yield_us", [](const WaitPolicy& p) { return p.yield_ns() / 1e3; },
+                   [](WaitPolicy& p, double v) { p.set_yield_ns(us_to_ns(v, "yield_us")); })
+      .def_prop_rw("adaptive", &WaitPolicy::adaptive, &WaitPolicy::set_adaptive)
+      .def_prop_ro("min_spin_us", [](const WaitPolicy& p) { return p.min_spin_ns() / 1e3; })
+      .def_prop_ro("fd_check_us", [](const WaitPolicy& p) { return p.fd_check_ns() / 1e3; })
+      .def_prop_ro("recent_wait_us",
+                   [](const WaitPolicy& p) -> nb::object {
+                     int64_t v = p.recent_wait_ns();
+                     if (v < 0) return nb::none();
+                     return nb::float_(v / 1e3);
+                   },
+                   "Moving average of recent wait durations (adaptive mode), or None before the first wait.")
+      .def("budgets_us",
+           [](const WaitPolicy& p) {
+             WaitBudgets b = p.budgets();
+             return nb::make_tuple(b.spin_ns / 1e3, b.yield_ns / 1e3);
+           },
+           "The (spin, yield) budgets the next wait will use.")
+      .def("__repr__", [](const WaitPolicy& p) {
+        return "WaitPolicy(spin_us=" + std::to_string(p.spin_ns() / 1e3) +
+               ", yield_us=" + std::to_string(p.yield_ns() / 1e3) + ", adaptive=" + (p.adaptive() ? "True" : "False") + ")";
+      });
+
+  nb::class_<Waiter>(m, "Waiter",
+                     "A prepared wait over a fixed list of sources (cheaper than wait_any in a loop), with its own "
+                     "policy (a copy of the one given, or the default).")
+      .def(nb::init<nb::handle, const WaitPolicy*>(), "sources"_a, "policy"_a = nb::none())
+      .def("wait", &Waiter::wait, "timeout"_a = nb::none(),
+           "Wait (GIL released) until a source is ready or `timeout` seconds pass; return the ready sources "
+           "(empty on timeout).")
+      .def("ready", &Waiter::ready, "The sources ready now, without waiting.")
+      .def_prop_ro("policy", &Waiter::policy, nb::rv_policy::reference_internal)
+      .def_prop_ro("last_phase", &Waiter::last_phase,
+                   "Where the last wait ended: 'immediate', 'spin', 'yield' or 'park'.");
+
+  m.def("wait_any",
+        [](nb::handle sources, const nb::object& timeout, WaitPolicy* policy) {
+          SourceList list(sources);
+          uint64_t mask = wait_released(list.data(), list.size(), timeout_ns(timeout, "wait_any"),
+                                        policy ? *policy : g_default_policy);
+          return list.select(mask);
+        },
+        "sources"_a, "timeout"_a = nb::none(), "policy"_a = nb::none(),
+        "Wait until at least one source is ready or `timeout` seconds pass (None: no deadline), with the GIL "
+        "released; return the ready sources in the order given (empty on timeout). Consumes nothing. Sources: "
+        "InputQueue, Flag, FdSource, ints (file descriptors) or objects with fileno(). Ctrl-C interrupts a "
+        "wait on the main thread.");
+}
+
+}  // namespace hotloop::py

@@ -1,0 +1,100 @@
+#include "common.h"
+
+#include <Python.h>
+#include <pythread.h>
+
+#include <cmath>
+#include <string>
+
+#include "hotloop/fd_source.h"
+
+namespace hotloop::py {
+namespace {
+
+unsigned long g_main_thread = 0;
+PyObject* g_empty = nullptr;  // queue.Empty, kept for the life of the process
+
+constexpr int64_t kSignalSliceNs = 50'000'000;
+
+void check_signals(void*) {
+  nb::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) throw nb::python_error();
+}
+
+}  // namespace
+
+void init_main_thread() {
+  nb::object threading = nb::module_::import_("threading");
+  g_main_thread = nb::cast<unsigned long>(threading.attr("main_thread")().attr("ident"));
+  nb::object empty = nb::module_::import_("queue").attr("Empty");
+  g_empty = empty.release().ptr();
+}
+
+[[noreturn]] void raise_empty(const char* message) {
+  PyErr_SetString(g_empty, message);
+  throw nb::python_error();
+}
+
+int64_t timeout_ns(const nb::object& timeout, const char* what) {
+  if (timeout.is_none()) return -1;
+  double seconds;
+  if (!nb::try_cast<double>(timeout, seconds)) {
+    throw nb::type_error((std::string(what) + ": timeout must be a number of seconds or None").c_str());
+  }
+  if (std::isnan(seconds) || seconds < 0) {
+    throw nb::value_error((std::string(what) + ": timeout must be >= 0 seconds or None (no deadline), got " +
+                           std::to_string(seconds)).c_str());
+  }
+  if (seconds > 1e9) return -1;  // ~31 years: treat as no deadline
+  return int64_t(seconds * 1e9);
+}
+
+SourceList::SourceList(nb::handle iterable) {
+  if (PyUnicode_Check(iterable.ptr()) || PyBytes_Check(iterable.ptr()) || !nb::hasattr(iterable, "__iter__")) {
+    throw nb::type_error("sources must be a list or tuple of sources (InputQueue, Flag, FdSource, a file "
+                         "descriptor, or an object with fileno())");
+  }
+  for (nb::handle h : iterable) {
+    nb::object obj = nb::borrow(h);
+    Source* src = nullptr;
+    if (nb::try_cast<Source*>(obj, src) && src != nullptr) {
+    } else if (PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr())) {
+      owned_.push_back(std::make_unique<FdSource>(nb::cast<int>(obj)));
+      src = owned_.back().get();
+    } else if (nb::hasattr(obj, "fileno")) {
+      owned_.push_back(std::make_unique<FdSource>(nb::cast<int>(obj.attr("fileno")())));
+      src = owned_.back().get();
+    } else {
+      throw nb::type_error(("cannot wait on an object of type " +
+                            std::string(nb::type_name(obj.type()).c_str()) +
+                            ": pass an InputQueue, Flag, FdSource, a file descriptor, or an object with fileno()")
+                               .c_str());
+    }
+    if (ptrs_.size() == kMaxSources) throw nb::value_error("wait_any: at most 64 sources");
+    objects_.push_back(std::move(obj));
+    ptrs_.push_back(src);
+  }
+}
+
+nb::list SourceList::select(uint64_t mask) const {
+  nb::list out;
+  for (size_t i = 0; i < objects_.size(); ++i) {
+    if (mask & (uint64_t(1) << i)) out.append(objects_[i]);
+  }
+  return out;
+}
+
+uint64_t wait_released(Source* const* sources, size_t n, int64_t timeout_ns, WaitPolicy& policy,
+                       WaitStats* stats) {
+  WaitHooks hooks;
+  const WaitHooks* hp = nullptr;
+  if (PyThread_get_thread_ident() == g_main_thread) {
+    hooks.slice_ns = kSignalSliceNs;
+    hooks.on_slice = check_signals;
+    hp = &hooks;
+  }
+  nb::gil_scoped_release release;
+  return wait_any(sources, n, timeout_ns, policy, hp, stats);
+}
+
+}  // namespace hotloop::py

@@ -1,0 +1,51 @@
+// What the binding files share: converting Python timeouts and source lists, and running a core wait with
+// the GIL released while staying interruptible by Ctrl-C.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "hotloop/source.h"
+#include "hotloop/wait_any.h"
+
+namespace hotloop::py {
+
+namespace nb = nanobind;
+
+// seconds (None = no deadline) -> nanoseconds (-1 = no deadline). Raises ValueError for negative or NaN.
+int64_t timeout_ns(const nb::object& timeout, const char* what);
+
+// The sources of a wait: Source instances, or file descriptors given as ints or objects with fileno().
+// Holds a reference to every object so none disappears while the GIL is released.
+class SourceList {
+ public:
+  explicit SourceList(nb::handle iterable);
+  Source* const* data() const { return ptrs_.data(); }
+  size_t size() const { return ptrs_.size(); }
+  // The objects whose bits are set, in order, as a new list.
+  nb::list select(uint64_t mask) const;
+
+ private:
+  std::vector<nb::object> objects_;
+  std::vector<Source*> ptrs_;
+  std::vector<std::unique_ptr<Source>> owned_;  // FdSources made for ints / fileno() objects
+};
+
+// Runs wait_any with the GIL released. On the main thread the park is sliced (50 ms) so that a pending
+// signal (Ctrl-C) is handled: the Python exception it raises propagates out of this call.
+uint64_t wait_released(Source* const* sources, size_t n, int64_t timeout_ns, WaitPolicy& policy,
+                       WaitStats* stats = nullptr);
+
+// Remembered at import: the thread that runs Python's signal handlers.
+void init_main_thread();
+
+// Raises queue.Empty (so hotloop.InputQueue can stand in for queue.Queue).
+[[noreturn]] void raise_empty(const char* message);
+
+void bind_wait(nb::module_& m);
+void bind_input_queue(nb::module_& m);
+
+}  // namespace hotloop::py

@@ -1,0 +1,34 @@
+// hotloop._core: the nanobind module. Thin: each binding converts arguments, releases the GIL around anything
+// that can block, and maps core exceptions to Python ones. The Python package (python/hotloop) re-exports it.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "common.h"
+#include "hotloop/errors.h"
+#include "hotloop/futex.h"
+#include "hotloop/wait_policy.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_core, m) {
+  m.doc() = "hotloop's C++ core: doorbells, GIL-free multi-source waits, queues.";
+  m.attr("__version__") = HOTLOOP_VERSION;
+
+  nb::exception<hotloop::ClosedError>(m, "ClosedError", PyExc_RuntimeError);
+  nb::exception<hotloop::SourceError>(m, "SourceError", PyExc_OSError);
+
+  hotloop::py::init_main_thread();
+  hotloop::py::bind_wait(m);
+  hotloop::py::bind_input_queue(m);
+
+  m.def("build_info", [] {
+    nb::dict d;
+    d["version"] = HOTLOOP_VERSION;
+    d["build_type"] = HOTLOOP_BUILD_TYPE;
+    d["compiler"] = __VERSION__;
+    d["futex_waitv"] = hotloop::futex::wait_many_supported();
+    d["default_spin_us"] = hotloop::WaitPolicy::kDefaultSpinNs / 1e3;
+    d["default_yield_us"] = hotloop::WaitPolicy::kDefaultYieldNs / 1e3;
+    return d;
+  }, "Facts about this build, for bug reports (see `hotloop info`).");
+}

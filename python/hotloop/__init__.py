@@ -1,0 +1,39 @@
+"""hotloop: the hot loop of an LLM serving engine, made cheap.
+
+The primitives come from the C++ core (``hotloop._core``):
+
+- :class:`InputQueue`: in-process multi-producer queue of Python objects, a wait source.
+- :class:`Flag`: a settable flag (cancel, shutdown), a wait source.
+- :class:`FdSource`: a readable file descriptor (socket, pipe), a wait source.
+- :func:`wait_any` / :class:`Waiter`: wait for any mix of sources in C++, GIL released; spin, yield, park.
+- :class:`WaitPolicy`: the spin and yield budgets of a wait, fixed or adaptive.
+"""
+
+from queue import Empty
+
+from hotloop._core import (
+    ClosedError,
+    FdSource,
+    Flag,
+    InputQueue,
+    Source,
+    SourceError,
+    WaitPolicy,
+    Waiter,
+    __version__,
+    wait_any,
+)
+
+__all__ = [
+    "ClosedError",
+    "Empty",
+    "FdSource",
+    "Flag",
+    "InputQueue",
+    "Source",
+    "SourceError",
+    "WaitPolicy",
+    "Waiter",
+    "__version__",
+    "wait_any",
+]
