@@ -181,11 +181,11 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   if (timeout_ns == 0) return 0;
 
   const int64_t start = now_ns();
-  const int64_t deadline = deadline_after(timeout_ns);
+  const int64_t deadline = timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns;
   const WaitBudgets budgets = policy.budgets();
   const int64_t fd_check = policy.fd_check_ns();
   auto finish = [&](uint64_t mask) {
-    policy.record(now_ns() - start);
+    if (policy.adaptive()) policy.record(now_ns() - start);
     return mask;
   };
 
