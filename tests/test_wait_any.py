@@ -189,3 +189,28 @@ def test_many_waiters_on_one_flag_all_wake():
     for t in threads:
         t.join()
     assert results == [[f]] * 8
+
+
+def test_prompt_gil_handover_restores_the_switch_interval():
+    import sys
+
+    before = sys.getswitchinterval()
+    flags = [Flag() for _ in range(4)]
+    results = []
+
+    def waiter(f):
+        for _ in range(50):
+            results.append(wait_any([f], timeout=5, prompt_gil=True))
+            f.clear()
+
+    threads = [threading.Thread(target=waiter, args=(f,)) for f in flags]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        for f in flags:
+            f.set()
+    for t in threads:
+        t.join()
+    assert len(results) == 200 and all(results)
+    assert sys.getswitchinterval() == before, "concurrent prompt hand-overs must leave the interval as it was"

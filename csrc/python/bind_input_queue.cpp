@@ -48,7 +48,7 @@ class PyInputQueue final : public InputQueue {
       if (closed()) throw ClosedError("InputQueue.get: the queue is closed and empty");
       int64_t left = deadline == kForever ? -1 : deadline - now_ns();
       if (deadline != kForever && left <= 0) raise_empty("InputQueue.get: timed out with the queue empty");
-      wait_released(&self, 1, left, policy_);
+      wait_released(&self, 1, left, policy_, nullptr, nullptr, /*prompt_gil=*/true);
     }
   }
 

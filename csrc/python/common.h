@@ -34,10 +34,13 @@ class SourceList {
   std::vector<std::unique_ptr<Source>> owned_;  // FdSources made for ints / fileno() objects
 };
 
-// Runs wait_any with the GIL released. On the main thread the park is sliced (50 ms) so that a pending
+// Runs wait_any with the GIL released. On the main thread the park is sliced (100 ms) so that a pending
 // signal (Ctrl-C) is handled: the Python exception it raises propagates out of this call.
+// If woke_ns is given, it receives the CLOCK_MONOTONIC time at which the core wait returned, before the GIL
+// was taken back (the difference to "back in Python" is the GIL hand-over). prompt_gil: when a source is
+// ready, take the GIL back after ~50 us instead of the holder's full switch interval (see common.cpp).
 uint64_t wait_released(Source* const* sources, size_t n, int64_t timeout_ns, WaitPolicy& policy,
-                       WaitStats* stats = nullptr);
+                       WaitStats* stats = nullptr, int64_t* woke_ns = nullptr, bool prompt_gil = false);
 
 // Remembered at import: the thread that runs Python's signal handlers.
 void init_main_thread();
@@ -47,5 +50,6 @@ void init_main_thread();
 
 void bind_wait(nb::module_& m);
 void bind_input_queue(nb::module_& m);
+void bind_bench(nb::module_& m);
 
 }  // namespace hotloop::py

@@ -1,0 +1,10 @@
+"""hotloop's Python benchmarks: each runs the baseline it replaces in the same run and reports the ratio.
+
+Run them with ``hotloop bench [NAME ...] [--quick] [--json PATH]``; ``BENCHMARKS`` maps names to runners.
+"""
+
+from hotloop.bench import wait_bench
+
+BENCHMARKS = {
+    "wait": wait_bench.run,
+}

@@ -1,0 +1,77 @@
+"""Helpers shared by the benchmarks: percentiles, a progress line, tables, and the JSON record."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+
+
+def percentile(values, q):
+    """The q-th percentile (0-100) with linear interpolation; nan for no values."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def median(values):
+    return statistics.median(values) if values else math.nan
+
+
+def summarize_us(values_ns):
+    """p50/p99/max of nanosecond samples, in microseconds."""
+    return {
+        "n": len(values_ns),
+        "p50_us": percentile(values_ns, 50) / 1e3,
+        "p99_us": percentile(values_ns, 99) / 1e3,
+        "max_us": (max(values_ns) / 1e3) if values_ns else math.nan,
+    }
+
+
+class Progress:
+    """One status line on stderr (rewritten in place on a terminal, one line per step otherwise)."""
+
+    def __init__(self, title: str, total: int):
+        self.title, self.total, self.done = title, total, 0
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+
+    def step(self, what: str):
+        self.done += 1
+        msg = f"[{self.title}] {self.done}/{self.total} {what} ({time.monotonic() - self.t0:.0f} s)"
+        if self.tty:
+            sys.stderr.write("\r\033[K" + msg)
+        else:
+            sys.stderr.write(msg + "\n")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def fmt(x, digits=1):
+    if isinstance(x, str):
+        return x
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return f"{x:,.{digits}f}"
+
+
+def table(title: str, headers: list[str], rows: list[list], note: str = "") -> str:
+    cells = [[fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))
+    out = [title, line, "-" * len(line)]
+    for r in cells:
+        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    if note:
+        out.append(note)
+    return "\n".join(out)

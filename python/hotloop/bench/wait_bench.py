@@ -1,0 +1,315 @@
+"""``hotloop bench wait``: what a waiting loop costs, hotloop's wait_any next to the Python loops it replaces.
+
+Three parts, all baselines in the same run:
+
+(a) idle CPU: the process CPU time (time.process_time) of a thread waiting for a source that never fires,
+    divided by wall time: wait_any (default policy), a Python loop sleeping 1 ms between checks (the
+    orchestrator pattern), a Python ``sched_yield`` spin (vLLM's reader).
+(b) GIL damage: a worker thread decodes JSON messages as fast as it can while the main thread waits for a
+    Flag that a C++ thread (no GIL needed) sets every 2 ms. Waiters: none (the reference), (i) ``while not
+    flag.is_set(): os.sched_yield()``, (ii) a Python ``poll()`` method then ``sched_yield()`` (vLLM's
+    future.poll pattern), (iii) hotloop ``Waiter.wait`` (default: prompt GIL hand-over), (iii') the same with
+    ``prompt_gil=False`` (the woken waiter asks for the GIL like any thread and gets it after the worker's
+    switch interval). Reported: the worker's decode rate (median over
+    repeats) and the waiter's reaction latency, flag set -> back in Python (p50/p99); for hotloop also
+    flag set -> C++ wait returned, which shows how much of the latency is the GIL hand-over.
+(c) put -> wake latency: a Python producer puts a timestamp every ~1 ms; the consumer measures
+    time.monotonic_ns() - timestamp when it has the item: queue.Queue.get, the two Python loops over a
+    deque, hotloop InputQueue.get. Also the consumer's CPU (% of a core).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import queue
+import threading
+import time
+
+import hotloop
+from hotloop._core import bench as core_bench
+from hotloop.bench.report import Progress, median, summarize_us, table
+
+MESSAGE = json.dumps({"request_id": "req-123", "prompt_token_ids": list(range(32)), "sampling": {"temperature": 0}})
+
+
+# ---- (a) idle CPU --------------------------------------------------------------------------------------------
+
+
+def _idle_hotloop(seconds):
+    hotloop.wait_any([hotloop.Flag()], timeout=seconds)
+
+
+def _idle_sleep_poll(seconds):  # legacy baseline: check, then sleep 1 ms
+    flag = hotloop.Flag()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not flag.is_set():
+        time.sleep(0.001)  # A/B baseline
+
+
+def _idle_yield_spin(seconds):  # legacy baseline: vLLM's reader spin
+    flag = hotloop.Flag()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not flag.is_set():
+        os.sched_yield()
+
+
+def idle_cpu(seconds, progress):
+    rows = {}
+    for name, fn in [
+        ("hotloop wait_any", _idle_hotloop),
+        ("python sleep(1 ms) poll", _idle_sleep_poll),
+        ("python sched_yield spin", _idle_yield_spin),
+    ]:
+        c0, t0 = time.process_time(), time.monotonic()
+        fn(seconds)
+        cpu, wall = time.process_time() - c0, time.monotonic() - t0
+        rows[name] = {"cpu_pct_of_core": 100.0 * cpu / wall, "wall_s": wall}
+        progress.step(f"idle CPU: {name}")
+    return rows
+
+
+# ---- (b) GIL damage --------------------------------------------------------------------------------------------
+
+
+class _Future:
+    """Stands in for a step future: poll() is a Python-level method, as in vLLM's engine loop."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def poll(self):
+        return self.flag.is_set()
+
+
+def _worker(stop, counter):
+    n = 0
+    loads = json.loads
+    while not stop[0]:
+        loads(MESSAGE)
+        n += 1
+    counter[0] = n
+
+
+def _waiter_none(flag, ticker, seconds, lat, wake):
+    time.sleep(seconds)
+
+
+def _waiter_yield(flag, ticker, seconds, lat, wake):  # A/B baseline (i)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        while not flag.is_set():
+            os.sched_yield()
+        lat.append(time.monotonic_ns() - ticker.last_set_ns)
+        flag.clear()
+
+
+def _waiter_poll(flag, ticker, seconds, lat, wake):  # A/B baseline (ii)
+    fut = _Future(flag)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        while not fut.poll():
+            os.sched_yield()
+        lat.append(time.monotonic_ns() - ticker.last_set_ns)
+        flag.clear()
+
+
+def _waiter_hotloop(flag, ticker, seconds, lat, wake, prompt_gil=True):
+    w = hotloop.Waiter([flag], prompt_gil=prompt_gil)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if w.wait(timeout=0.1):
+            now = time.monotonic_ns()
+            set_ns = ticker.last_set_ns
+            lat.append(now - set_ns)
+            wake.append(w.last_wake_ns - set_ns)
+            flag.clear()
+
+
+GIL_WAITERS = [
+    ("no waiter (reference)", _waiter_none),
+    ("(i) is_set + sched_yield", _waiter_yield),
+    ("(ii) poll() + sched_yield", _waiter_poll),
+    ("(iii) hotloop Waiter.wait", _waiter_hotloop),
+    ("(iii') same, prompt_gil=False", lambda *a: _waiter_hotloop(*a, prompt_gil=False)),
+]
+
+
+def gil_damage(seconds, repeats, progress):
+    results = {name: {"ops_per_s": [], "lat_ns": [], "wake_ns": []} for name, _ in GIL_WAITERS}
+    for rep in range(repeats):
+        for name, fn in GIL_WAITERS:  # interleaved, so drift hits every mode alike
+            flag = hotloop.Flag()
+            stop, counter = [False], [0]
+            worker = threading.Thread(target=_worker, args=(stop, counter))
+            lat, wake = [], []
+            with core_bench.Ticker(flag, 0.002) as ticker:
+                worker.start()
+                t0 = time.monotonic()
+                fn(flag, ticker, seconds, lat, wake)
+                stop[0] = True
+                worker.join()
+                elapsed = time.monotonic() - t0
+            r = results[name]
+            r["ops_per_s"].append(counter[0] / elapsed)
+            r["lat_ns"] += lat
+            r["wake_ns"] += wake
+            progress.step(f"GIL damage: {name} ({rep + 1}/{repeats})")
+    ref = median(results[GIL_WAITERS[0][0]]["ops_per_s"])
+    out = {}
+    for name, r in results.items():
+        ops = median(r["ops_per_s"])
+        out[name] = {
+            "worker_ops_per_s": ops,
+            "worker_ops_per_s_runs": r["ops_per_s"],
+            "worker_pct_of_reference": 100.0 * ops / ref if ref else float("nan"),
+            "reaction": summarize_us(r["lat_ns"]),
+            "cxx_wake": summarize_us(r["wake_ns"]) if r["wake_ns"] else None,
+        }
+    return out
+
+
+# ---- (c) put -> wake latency ---------------------------------------------------------------------------------
+
+
+def _producer(put, n, period):
+    for _ in range(n):
+        time.sleep(period)  # load generator pacing
+        put(time.monotonic_ns())
+
+
+def _consume_queue(n, lat):
+    q = queue.Queue()
+
+    def run():
+        for _ in range(n):
+            item = q.get()
+            lat.append(time.monotonic_ns() - item)
+
+    return q.put, run
+
+
+def _consume_yield(n, lat):  # A/B baseline (i)
+    dq = collections.deque()
+
+    def run():
+        for _ in range(n):
+            while not dq:
+                os.sched_yield()
+            lat.append(time.monotonic_ns() - dq.popleft())
+
+    return dq.append, run
+
+
+def _consume_poll(n, lat):  # A/B baseline (ii)
+    dq = collections.deque()
+
+    class Fut:
+        def poll(self):
+            return bool(dq)
+
+    fut = Fut()
+
+    def run():
+        for _ in range(n):
+            while not fut.poll():
+                os.sched_yield()
+            lat.append(time.monotonic_ns() - dq.popleft())
+
+    return dq.append, run
+
+
+def _consume_hotloop(n, lat):
+    q = hotloop.InputQueue()
+
+    def run():
+        for _ in range(n):
+            item = q.get()
+            lat.append(time.monotonic_ns() - item)
+
+    return q.put, run
+
+
+CONSUMERS = [
+    ("queue.Queue.get", _consume_queue),
+    ("(i) deque + sched_yield", _consume_yield),
+    ("(ii) poll() + sched_yield", _consume_poll),
+    ("hotloop InputQueue.get", _consume_hotloop),
+]
+
+
+def put_latency(n, period, progress):
+    out = {}
+    for name, make in CONSUMERS:
+        lat = []
+        put, run = make(n, lat)
+        producer = threading.Thread(target=_producer, args=(put, n, period))
+        c0, t0 = time.thread_time(), time.monotonic()
+        producer.start()
+        run()
+        cpu, wall = time.thread_time() - c0, time.monotonic() - t0
+        producer.join()
+        out[name] = {"latency": summarize_us(lat), "consumer_cpu_pct_of_core": 100.0 * cpu / wall}
+        progress.step(f"put->wake: {name}")
+    return out
+
+
+# ---- the runner ------------------------------------------------------------------------------------------------
+
+
+def run(quick: bool = False) -> tuple[dict, str]:
+    idle_s = 1.0 if quick else 5.0
+    gil_s, repeats = (0.5, 2) if quick else (2.0, 5)
+    n_msgs = 300 if quick else 3000
+    progress = Progress("wait", 3 + repeats * len(GIL_WAITERS) + len(CONSUMERS))
+    try:
+        data = {
+            "idle_cpu": idle_cpu(idle_s, progress),
+            "gil_damage": gil_damage(gil_s, repeats, progress),
+            "put_latency": put_latency(n_msgs, 0.001, progress),
+        }
+    finally:
+        progress.close()
+    data["method"] = {
+        "idle_seconds": idle_s,
+        "gil_seconds_per_run": gil_s,
+        "gil_repeats": repeats,
+        "gil_tick_period_ms": 2.0,
+        "put_messages": n_msgs,
+        "put_period_ms": 1.0,
+        "switch_interval_ms": 1e3 * __import__("sys").getswitchinterval(),
+    }
+    return data, render(data)
+
+
+def render(d: dict) -> str:
+    m = d["method"]
+    parts = []
+    parts.append(table(
+        f"(a) idle CPU: a thread waiting {m['idle_seconds']:.0f} s for a source that never fires",
+        ["waiter", "CPU % of a core"],
+        [[k, v["cpu_pct_of_core"]] for k, v in d["idle_cpu"].items()],
+        note="    goal: hotloop <= 0.1 %",
+    ))
+    rows = []
+    for k, v in d["gil_damage"].items():
+        cx = v["cxx_wake"]
+        rows.append([k, v["worker_ops_per_s"], v["worker_pct_of_reference"], v["reaction"]["p50_us"],
+                     v["reaction"]["p99_us"], cx["p50_us"] if cx else None, cx["p99_us"] if cx else None])
+    parts.append(table(
+        f"(b) GIL damage: JSON-decoding worker thread vs a waiter on a flag set every {m['gil_tick_period_ms']:.0f} ms "
+        f"(median of {m['gil_repeats']} x {m['gil_seconds_per_run']:.1f} s; reaction p50/p99 over all runs)",
+        ["waiter", "worker decodes/s", "% of ref", "react p50 us", "react p99 us", "C++ wake p50", "C++ wake p99"],
+        rows,
+        note=(f"    goal: hotloop keeps >= 95 % of the reference and reacts faster than (i) and (ii). Reaction = set -> "
+              f"back in Python; 'C++ wake' = set -> wait returned, before the GIL (switch interval "
+              f"{m['switch_interval_ms']:.0f} ms)."),
+    ))
+    parts.append(table(
+        f"(c) put -> consumer has the item: {m['put_messages']} messages, one every ~{m['put_period_ms']:.0f} ms",
+        ["consumer", "p50 us", "p99 us", "max us", "consumer CPU %"],
+        [[k, v["latency"]["p50_us"], v["latency"]["p99_us"], v["latency"]["max_us"], v["consumer_cpu_pct_of_core"]]
+         for k, v in d["put_latency"].items()],
+    ))
+    return "\n\n".join(parts)

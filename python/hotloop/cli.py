@@ -1,0 +1,94 @@
+"""The ``hotloop`` command: ``hotloop bench [NAME ...] [--quick] [--json PATH]`` and ``hotloop info``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _cuda_driver() -> str:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return "libcuda.so.1 loads"
+    except OSError as e:
+        return f"not available ({e})"
+
+
+def info() -> dict:
+    import hotloop
+    from hotloop import _core
+
+    build = _core.build_info()
+    return {
+        "hotloop": hotloop.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "build_type": build["build_type"],
+        "compiler": build["compiler"],
+        "futex_waitv": build["futex_waitv"],
+        "cuda_driver": _cuda_driver(),
+        "nvtx": "not built into this version",
+        "default_wait_policy": repr(hotloop.WaitPolicy()),
+    }
+
+
+def cmd_info(args) -> int:
+    for k, v in info().items():
+        print(f"{k:20s} {v}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from hotloop.bench import BENCHMARKS
+
+    names = args.names or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        print(f"hotloop bench: unknown benchmark(s) {unknown}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    record = {"info": info(), "quick": args.quick, "results": {}}
+    for name in names:
+        data, text = BENCHMARKS[name](quick=args.quick)
+        record["results"][name] = data
+        print(f"== hotloop bench {name}{' (quick)' if args.quick else ''} ==\n{text}\n", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=2, default=float)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hotloop", description="hotloop: the hot loop of LLM serving, made cheap.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("bench", help="run benchmarks (each next to the baseline it replaces)")
+    b.add_argument("names", nargs="*", help="which benchmarks (default: all): wait")
+    b.add_argument("--quick", action="store_true", help="short runs for smoke tests (< 60 s)")
+    b.add_argument("--json", metavar="PATH", help="also write the figures and the machine facts as JSON")
+    b.set_defaults(fn=cmd_bench)
+    i = sub.add_parser("info", help="print what a bug report needs")
+    i.set_defaults(fn=cmd_info)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
