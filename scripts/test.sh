@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs what hotloop's tests need on a fresh Debian machine and runs all of them:
+#   1. the C++ suite (GoogleTest via ctest) in a Release build, which also builds the microbenchmarks;
+#   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer;
+#   3. the Python package (pip install .) and its pytest suite;
+#   4. a smoke run of `hotloop bench --quick`.
+# Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+jobs=$(nproc)
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+missing=()
+for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+# cmake and ninja may come from pip instead of Debian: only install what is absent altogether
+command -v cmake >/dev/null && missing=("${missing[@]/cmake}")
+command -v ninja >/dev/null && missing=("${missing[@]/ninja-build}")
+missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing Debian packages: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cpp_suite() {  # name, extra cmake args...
+  local name=$1; shift
+  echo "== C++ tests: $name"
+  cmake -S "$root" -B "$root/build/$name" -G Ninja -DHOTLOOP_BUILD_TESTS=ON "$@" >/dev/null
+  cmake --build "$root/build/$name" -j "$jobs"
+  ctest --test-dir "$root/build/$name" --output-on-failure -j "$jobs"
+}
+
+cpp_suite cpp-release -DCMAKE_BUILD_TYPE=Release -DHOTLOOP_BUILD_BENCHMARKS=ON
+if [ "${HOTLOOP_SKIP_SANITIZERS:-0}" != 1 ]; then
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    cpp_suite cpp-asan -DCMAKE_BUILD_TYPE=Debug -DHOTLOOP_SANITIZE=address,undefined
+  TSAN_OPTIONS=halt_on_error=1 cpp_suite cpp-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHOTLOOP_SANITIZE=thread
+fi
+
+echo "== Python package and tests"
+python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+python3 -m pip install -q ".[test]"
+(cd "$root/tests" && python3 -m pytest -q "$root/tests")
+
+echo "== bench smoke run"
+hotloop bench --quick --json "$root/build/bench-quick.json" >/dev/null
+echo "all hotloop tests passed"
