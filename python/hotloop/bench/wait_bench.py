@@ -182,15 +182,20 @@ def _producer(put, n, period):
         put(time.monotonic_ns())
 
 
-def _consume_queue(n, lat):
-    q = queue.Queue()
+def _consume_blocking(make_queue):
+    """A consumer that blocks in the queue's own get(): queue.Queue (condition variable) or hotloop.InputQueue."""
 
-    def run():
-        for _ in range(n):
-            item = q.get()
-            lat.append(time.monotonic_ns() - item)
+    def make(n, lat):
+        q = make_queue()
 
-    return q.put, run
+        def run():
+            for _ in range(n):
+                item = q.get()
+                lat.append(time.monotonic_ns() - item)
+
+        return q.put, run
+
+    return make
 
 
 def _consume_yield(n, lat):  # A/B baseline (i)
@@ -223,22 +228,11 @@ def _consume_poll(n, lat):  # A/B baseline (ii)
     return dq.append, run
 
 
-def _consume_hotloop(n, lat):
-    q = hotloop.InputQueue()
-
-    def run():
-        for _ in range(n):
-            item = q.get()
-            lat.append(time.monotonic_ns() - item)
-
-    return q.put, run
-
-
 CONSUMERS = [
-    ("queue.Queue.get", _consume_queue),
+    ("queue.Queue.get", _consume_blocking(queue.Queue)),
     ("(i) deque + sched_yield", _consume_yield),
     ("(ii) poll() + sched_yield", _consume_poll),
-    ("hotloop InputQueue.get", _consume_hotloop),
+    ("hotloop InputQueue.get", _consume_blocking(hotloop.InputQueue)),
 ]
 
 
