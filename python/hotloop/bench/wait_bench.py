@@ -286,7 +286,7 @@ def render(d: dict) -> str:
     parts.append(table(
         f"(a) idle CPU: a thread waiting {m['idle_seconds']:.0f} s for a source that never fires",
         ["waiter", "CPU % of a core"],
-        [[k, v["cpu_pct_of_core"]] for k, v in d["idle_cpu"].items()],
+        [[k, f"{v['cpu_pct_of_core']:.3f}"] for k, v in d["idle_cpu"].items()],
         note="    goal: hotloop <= 0.1 %",
     ))
     rows = []
