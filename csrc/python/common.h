@@ -51,5 +51,6 @@ void init_main_thread();
 void bind_wait(nb::module_& m);
 void bind_input_queue(nb::module_& m);
 void bind_bench(nb::module_& m);
+void bind_step(nb::module_& m);
 
 }  // namespace hotloop::py

@@ -7,6 +7,7 @@ The primitives come from the C++ core (``hotloop._core``):
 - :class:`FdSource`: a readable file descriptor (socket, pipe), a wait source.
 - :func:`wait_any` / :class:`Waiter`: wait for any mix of sources in C++, GIL released; spin, yield, park.
 - :class:`WaitPolicy`: the spin and yield budgets of a wait, fixed or adaptive.
+- :class:`HostStepNotifier`: "step N is done" for CPU engines, completed by the thread that runs the steps.
 """
 
 from queue import Empty
@@ -15,9 +16,12 @@ from hotloop._core import (
     ClosedError,
     FdSource,
     Flag,
+    HostStepNotifier,
     InputQueue,
     Source,
     SourceError,
+    StepError,
+    StepUntil,
     WaitPolicy,
     Waiter,
     __version__,
@@ -29,9 +33,12 @@ __all__ = [
     "Empty",
     "FdSource",
     "Flag",
+    "HostStepNotifier",
     "InputQueue",
     "Source",
     "SourceError",
+    "StepError",
+    "StepUntil",
     "WaitPolicy",
     "Waiter",
     "__version__",

@@ -1,0 +1,67 @@
+// StepCounter: "step N is done" as a counter that wait_any can wait on. The shared part of every step
+// notifier: a mechanism (a host thread for CPU engines, a CUDA stream callback for GPU engines) calls
+// complete(n) in step order; engine code asks done(n) (one atomic load), waits for it, or puts until(n) into a
+// wait_any together with its other sources.
+//
+// Roles. mark() issues the next token (1, 2, ...) and is called by the thread that launches steps (one at a
+// time). complete(n) and fail(n, why) are called by the completion mechanism, in token order, from any thread.
+// done/until/error are safe from any thread. Ordering: done(n) implies done(m) for every m < n.
+// Failure: fail(n, why) completes n (waiters wake) and records the first error; done(n) then throws StepError
+// with that message for every token >= the failed one, so a failed step is never mistaken for a finished one.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "hotloop/source.h"
+
+namespace hotloop {
+
+class StepError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class StepCounter {
+ public:
+  // A wait_any source that is ready once step `token` is done (or failed).
+  class Until final : public Source {
+   public:
+    Until(StepCounter& counter, uint64_t token) : counter_(counter), token_(token) {}
+    bool ready() const noexcept override { return counter_.completed() >= token_; }
+    Doorbell* doorbell() noexcept override { return &counter_.bell_; }
+    uint64_t token() const noexcept { return token_; }
+
+   private:
+    StepCounter& counter_;
+    uint64_t token_;
+  };
+
+  uint64_t mark() noexcept { return issued_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  void complete(uint64_t token) noexcept;
+  void fail(uint64_t token, const std::string& why);
+
+  // Throws std::invalid_argument for token 0 or a token not issued yet; StepError if that step (or an earlier
+  // one) failed.
+  bool done(uint64_t token) const;
+  Until until(uint64_t token) { check_issued(token); return Until(*this, token); }
+
+  uint64_t issued() const noexcept { return issued_.load(std::memory_order_relaxed); }
+  uint64_t completed() const noexcept { return completed_.load(std::memory_order_acquire); }
+  Doorbell* doorbell() noexcept { return &bell_; }
+
+ private:
+  void check_issued(uint64_t token) const;
+
+  Doorbell bell_;
+  alignas(kCacheLine) std::atomic<uint64_t> completed_{0};
+  std::atomic<uint64_t> failed_at_{0};  // 0: no failure
+  alignas(kCacheLine) std::atomic<uint64_t> issued_{0};
+  mutable std::mutex error_mu_;
+  std::string error_;
+};
+
+}  // namespace hotloop
