@@ -79,11 +79,12 @@ def test_flag_wakes_a_wait_that_also_watches_a_socket():
     a, b = socket.socketpair()
     with a, b:
         f = Flag()
-        t = later(0.05, f.set)
-        t0 = time.monotonic()
+        set_at = []
+        t = later(0.03, lambda: (set_at.append(time.monotonic()), f.set()))
         assert wait_any([a, f], timeout=5, policy=PARK_AT_ONCE) == [f]
-        assert time.monotonic() - t0 < 0.09, "woken by the flag's eventfd, not by the 100 ms recheck"
+        woke = time.monotonic()
         t.join()
+        assert woke - set_at[0] < 0.05, "woken by the flag's eventfd, not by the 100 ms descriptor recheck"
 
 
 def test_descriptor_closed_while_waited_on_raises():
