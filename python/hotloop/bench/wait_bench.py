@@ -96,23 +96,22 @@ def _waiter_none(flag, ticker, seconds, lat, wake):
     time.sleep(seconds)
 
 
-def _waiter_yield(flag, ticker, seconds, lat, wake):  # A/B baseline (i)
+def _yield_loop(ready, flag, ticker, seconds, lat):
+    """The Python waiting loops the A/B compares against: call ready(), sched_yield() until it is true."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        while not flag.is_set():
+        while not ready():
             os.sched_yield()
         lat.append(time.monotonic_ns() - ticker.last_set_ns)
         flag.clear()
+
+
+def _waiter_yield(flag, ticker, seconds, lat, wake):  # A/B baseline (i)
+    _yield_loop(flag.is_set, flag, ticker, seconds, lat)
 
 
 def _waiter_poll(flag, ticker, seconds, lat, wake):  # A/B baseline (ii)
-    fut = _Future(flag)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        while not fut.poll():
-            os.sched_yield()
-        lat.append(time.monotonic_ns() - ticker.last_set_ns)
-        flag.clear()
+    _yield_loop(_Future(flag).poll, flag, ticker, seconds, lat)
 
 
 def _waiter_hotloop(flag, ticker, seconds, lat, wake, prompt_gil=True):
