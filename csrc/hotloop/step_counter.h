@@ -3,8 +3,10 @@
 // complete(n) in step order; engine code asks done(n) (one atomic load), waits for it, or puts until(n) into a
 // wait_any together with its other sources.
 //
-// Roles. mark() issues the next token (1, 2, ...) and is called by the thread that launches steps (one at a
-// time). complete(n) and fail(n, why) are called by the completion mechanism, in token order, from any thread.
+// Tokens. mark() issues the next token and is called by the thread that launches steps (one at a time). A
+// token is (this counter's id << 40) | step number (1, 2, ...): tokens from one counter increase, and a token
+// from another counter is recognised and refused instead of being read as a step number of this one.
+// Roles. complete(n) and fail(n, why) are called by the completion mechanism, in token order, from any thread.
 // done/until/error are safe from any thread. Ordering: done(n) implies done(m) for every m < n.
 // Failure: fail(n, why) completes n (waiters wake) and records the first error; done(n) then throws StepError
 // with that message for every token >= the failed one, so a failed step is never mistaken for a finished one.
@@ -40,26 +42,35 @@ class StepCounter {
     uint64_t token_;
   };
 
+  static constexpr int kStepBits = 40;
+
+  StepCounter() noexcept;
+
   uint64_t mark() noexcept { return issued_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  // complete/fail take tokens from mark(), in token order.
   void complete(uint64_t token) noexcept;
   void fail(uint64_t token, const std::string& why);
 
-  // Throws std::invalid_argument for token 0 or a token not issued yet; StepError if that step (or an earlier
-  // one) failed.
+  // Throws std::invalid_argument for a token this counter did not issue (0, another counter's, one in the
+  // future); StepError if that step (or an earlier one) failed.
   bool done(uint64_t token) const;
   Until until(uint64_t token) { check_issued(token); return Until(*this, token); }
 
+  // The last token issued / completed (equal to `base()` when none).
   uint64_t issued() const noexcept { return issued_.load(std::memory_order_relaxed); }
   uint64_t completed() const noexcept { return completed_.load(std::memory_order_acquire); }
+  // Tokens of this counter are base() + 1, base() + 2, ...
+  uint64_t base() const noexcept { return base_; }
   Doorbell* doorbell() noexcept { return &bell_; }
-
- private:
+  // Throws std::invalid_argument (with what to do) unless `token` was issued by this counter.
   void check_issued(uint64_t token) const;
 
+ private:
+  uint64_t base_;
   Doorbell bell_;
-  alignas(kCacheLine) std::atomic<uint64_t> completed_{0};
+  alignas(kCacheLine) std::atomic<uint64_t> completed_;
   std::atomic<uint64_t> failed_at_{0};  // 0: no failure
-  alignas(kCacheLine) std::atomic<uint64_t> issued_{0};
+  alignas(kCacheLine) std::atomic<uint64_t> issued_;
   mutable std::mutex error_mu_;
   std::string error_;
 };

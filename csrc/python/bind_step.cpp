@@ -30,7 +30,7 @@ void bind_step(nb::module_& m) {
 
   nb::class_<StepCounter>(
       m, "HostStepNotifier",
-      "Step completion for CPU engines: mark() issues step tokens (1, 2, ...); the thread that runs the steps "
+      "Step completion for CPU engines: mark() issues increasing step tokens (opaque ints naming this notifier); the thread that runs the steps "
       "calls complete(token) (or fail(token, why)) in order; done(token) is one atomic load; wait(token) waits "
       "with the GIL released; until(token) is a wait_any source. done(n) implies done(m) for m < n.")
       .def(nb::init<>())
@@ -45,8 +45,10 @@ void bind_step(nb::module_& m) {
            "Wait (GIL released) until step `token` is done; return whether it is (False on timeout).")
       .def("until", &StepCounter::until, "token"_a, nb::keep_alive<0, 1>(),
            "A wait_any source that is ready once step `token` is done.")
-      .def_prop_ro("issued", &StepCounter::issued)
-      .def_prop_ro("completed", &StepCounter::completed);
+      .def_prop_ro("issued", [](const StepCounter& c) { return c.issued() - c.base(); },
+                   "How many steps were marked.")
+      .def_prop_ro("completed", [](const StepCounter& c) { return c.completed() - c.base(); },
+                   "How many steps are done (completed or failed), counted from the first.");
 }
 
 }  // namespace hotloop::py

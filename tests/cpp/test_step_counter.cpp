@@ -15,8 +15,8 @@ namespace {
 TEST(StepCounter, TokensCompleteInOrder) {
   StepCounter c;
   uint64_t a = c.mark(), b = c.mark();
-  EXPECT_EQ(a, 1u);
-  EXPECT_EQ(b, 2u);
+  EXPECT_EQ(a, c.base() + 1);
+  EXPECT_EQ(b, c.base() + 2);
   EXPECT_FALSE(c.done(a));
   EXPECT_FALSE(c.done(b));
   c.complete(a);
@@ -31,10 +31,18 @@ TEST(StepCounter, TokensCompleteInOrder) {
 TEST(StepCounter, BadTokensAreRejected) {
   StepCounter c;
   EXPECT_THROW(c.done(0), std::invalid_argument);
-  EXPECT_THROW(c.done(1), std::invalid_argument);  // not issued yet
-  c.mark();
-  EXPECT_NO_THROW(c.done(1));
-  EXPECT_THROW(c.until(2), std::invalid_argument);
+  EXPECT_THROW(c.done(c.base()), std::invalid_argument);      // step 0 is never issued
+  EXPECT_THROW(c.done(c.base() + 1), std::invalid_argument);  // not issued yet
+  uint64_t t = c.mark();
+  EXPECT_NO_THROW(c.done(t));
+  EXPECT_THROW(c.until(t + 1), std::invalid_argument);
+  // A token of another counter is refused even where its step number exists here, and even once done there.
+  StepCounter other;
+  uint64_t foreign = other.mark();
+  other.complete(foreign);
+  EXPECT_NE(other.base(), c.base());
+  EXPECT_THROW(c.done(foreign), std::invalid_argument);
+  EXPECT_THROW(c.until(foreign), std::invalid_argument);
 }
 
 TEST(StepCounter, FailureWakesWaitersAndSurfacesOnDone) {
@@ -85,13 +93,13 @@ TEST(StepCounter, ManyStepsCompletedByAWorkerThreadAreAllSeen) {
   std::thread worker([&] {
     for (uint64_t n = 1; n <= steps; ++n) {
       while (launched.load(std::memory_order_acquire) < n) cpu_relax();
-      c.complete(n);
+      c.complete(c.base() + n);
     }
   });
   WaitPolicy p(2'000, 0, false);
   for (uint64_t n = 1; n <= steps; ++n) {
     uint64_t t = c.mark();
-    ASSERT_EQ(t, n);
+    ASSERT_EQ(t, c.base() + n);
     launched.store(n, std::memory_order_release);
     auto until = c.until(t);
     Source* s = &until;
