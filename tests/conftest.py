@@ -27,3 +27,12 @@ def no_leaks():
     # an fd listed before may have been closed; only new ones count as leaks
     leaked = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in extra_fds if os.path.exists(f"/proc/self/fd/{fd}")}
     assert not leaked, f"test left file descriptors open: {leaked}"
+
+
+# CUDA: the process opens one driver, once. Unless HOTLOOP_TEST_CUDA=real (the GPU check script sets it), the
+# suite runs against the fake driver shipped in hotloop.testing, selected here before any test can open one.
+CUDA_BACKEND = os.environ.get("HOTLOOP_TEST_CUDA", "fake")
+if CUDA_BACKEND == "fake":
+    from hotloop.testing import FAKE_CUDA_LIBRARY
+
+    os.environ["HOTLOOP_CUDA_DRIVER"] = FAKE_CUDA_LIBRARY

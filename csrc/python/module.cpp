@@ -21,6 +21,7 @@ NB_MODULE(_core, m) {
   hotloop::py::bind_wait(m);
   hotloop::py::bind_input_queue(m);
   hotloop::py::bind_step(m);
+  hotloop::py::bind_cuda(m);
   hotloop::py::bind_bench(m);
 
   m.def("build_info", [] {

@@ -8,12 +8,14 @@ The primitives come from the C++ core (``hotloop._core``):
 - :func:`wait_any` / :class:`Waiter`: wait for any mix of sources in C++, GIL released; spin, yield, park.
 - :class:`WaitPolicy`: the spin and yield budgets of a wait, fixed or adaptive.
 - :class:`HostStepNotifier`: "step N is done" for CPU engines, completed by the thread that runs the steps.
+- :class:`StepNotifier` (also ``hotloop.cuda.StepNotifier``): the same for work on CUDA streams.
 """
 
 from queue import Empty
 
 from hotloop._core import (
     ClosedError,
+    CudaError,
     FdSource,
     Flag,
     HostStepNotifier,
@@ -21,6 +23,7 @@ from hotloop._core import (
     Source,
     SourceError,
     StepError,
+    StepNotifier,
     StepUntil,
     WaitPolicy,
     Waiter,
@@ -30,6 +33,7 @@ from hotloop._core import (
 
 __all__ = [
     "ClosedError",
+    "CudaError",
     "Empty",
     "FdSource",
     "Flag",
@@ -38,6 +42,7 @@ __all__ = [
     "Source",
     "SourceError",
     "StepError",
+    "StepNotifier",
     "StepUntil",
     "WaitPolicy",
     "Waiter",

@@ -1,5 +1,6 @@
-// A fake CUDA driver for tests on machines without a GPU: a shared library exporting cuGetProcAddress_v2 and
-// the entry points of csrc/hotloop/cuda_api.h, loaded by hotloop through HOTLOOP_CUDA_DRIVER.
+// A fake CUDA driver for tests of CUDA code paths on machines without a GPU: a shared library exporting
+// cuGetProcAddress_v2 and the entry points of csrc/hotloop/cuda_api.h, loaded by hotloop through
+// HOTLOOP_CUDA_DRIVER. Python: hotloop.testing.FakeCudaDriver.
 //
 // Emulation: one context; each stream is a host thread executing its operations in order (emulated kernels,
 // event records, stream callbacks). Handles 0, 1 (legacy) and 2 (per-thread) name one default stream. A
