@@ -44,7 +44,9 @@ fi
 echo "== Python package and tests"
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python3 -m pip install -q ".[test]"
-(cd "$root/tests" && python3 -m pytest -q "$root/tests")
+# the NVTX injection recorder built by the C++ suite (absent when the NVTX3 headers are)
+export HOTLOOP_NVTX_RECORDER="$root/build/cpp-release/tests/cpp/libhotloop_nvtx_recorder.so"
+(cd "$root/tests" && python3 -m pytest -q -rs "$root/tests")
 
 echo "== bench smoke run"
 hotloop bench --quick --json "$root/build/bench-quick.json" >/dev/null

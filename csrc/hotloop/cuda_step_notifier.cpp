@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hotloop/cuda_driver.h"
+#include "hotloop/nvtx.h"
 
 namespace hotloop {
 
@@ -52,7 +53,10 @@ struct CudaStepNotifier::State {
       finished[index(next + 1)] = 0;
       ++next;
     }
-    if (next > done) counter.complete(next);
+    if (next > done) {
+      nvtx::mark(nvtx::Range::kStepDone);
+      counter.complete(next);
+    }
   }
 
   const CudaDriver& drv;
@@ -172,6 +176,7 @@ CudaStepNotifier::~CudaStepNotifier() {
 }
 
 uint64_t CudaStepNotifier::mark(uintptr_t stream_handle) {
+  nvtx::Scope range(nvtx::Range::kMark);
   State& s = *state_;
   const CudaDriver& drv = s.drv;
   auto stream = reinterpret_cast<CUstream>(stream_handle);

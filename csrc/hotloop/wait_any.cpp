@@ -15,6 +15,7 @@
 #include "hotloop/errors.h"
 #include "hotloop/fd_source.h"
 #include "hotloop/futex.h"
+#include "hotloop/nvtx.h"
 
 namespace hotloop {
 namespace {
@@ -189,6 +190,9 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
     return mask;
   };
 
+  nvtx::Scope wait_range(nvtx::Range::kWait);
+  nvtx::Scope spin_range(nvtx::Range::kSpin);
+
   // Spin: check the doorbell sources every iteration, the clock every 8, descriptors at a bounded rate.
   st.phase = WaitPhase::kSpin;
   const int64_t spin_end = std::min(deadline, start + budgets.spin_ns);
@@ -223,6 +227,8 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   }
 
   // Park: sleep in the kernel until a ring, a readable descriptor, the deadline or the end of a slice.
+  spin_range.end();
+  nvtx::Scope park_range(nvtx::Range::kPark);
   st.phase = WaitPhase::kPark;
   // A descriptor closed while the kernel watches it does not wake ppoll, so waits on descriptors re-validate
   // them at least every 100 ms (a few us of CPU per second: not a poll of the data, which wakes at once).

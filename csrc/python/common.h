@@ -53,5 +53,6 @@ void bind_input_queue(nb::module_& m);
 void bind_bench(nb::module_& m);
 void bind_step(nb::module_& m);
 void bind_cuda(nb::module_& m);
+void bind_nvtx(nb::module_& m);
 
 }  // namespace hotloop::py

@@ -6,6 +6,7 @@
 #include "common.h"
 #include "hotloop/errors.h"
 #include "hotloop/futex.h"
+#include "hotloop/nvtx.h"
 #include "hotloop/wait_policy.h"
 
 namespace nb = nanobind;
@@ -22,6 +23,7 @@ NB_MODULE(_core, m) {
   hotloop::py::bind_input_queue(m);
   hotloop::py::bind_step(m);
   hotloop::py::bind_cuda(m);
+  hotloop::py::bind_nvtx(m);
   hotloop::py::bind_bench(m);
 
   m.def("build_info", [] {
@@ -29,6 +31,7 @@ NB_MODULE(_core, m) {
     d["version"] = HOTLOOP_VERSION;
     d["build_type"] = HOTLOOP_BUILD_TYPE;
     d["compiler"] = __VERSION__;
+    d["nvtx"] = hotloop::nvtx::compiled_in();
     d["futex_waitv"] = hotloop::futex::wait_many_supported();
     d["default_spin_us"] = hotloop::WaitPolicy::kDefaultSpinNs / 1e3;
     d["default_yield_us"] = hotloop::WaitPolicy::kDefaultYieldNs / 1e3;
