@@ -58,8 +58,12 @@ class RealGpu:
         torch.cuda.init()
         torch.zeros(1, device="cuda")  # makes the primary context current on this thread
         self._streams = {}
-        props = torch.cuda.get_device_properties(0)
-        self._cycles_per_s = getattr(props, "clock_rate", 1_980_000) * 1e3  # kHz -> Hz
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(10_000_000)  # calibrate: cycles per second of the sleep kernel
+        end.record()
+        end.synchronize()
+        self._cycles_per_s = 10_000_000 / (start.elapsed_time(end) / 1e3)
 
     def stream(self) -> int:
         s = self.torch.cuda.Stream()

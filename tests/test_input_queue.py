@@ -118,3 +118,10 @@ def test_queue_holds_references_and_releases_them():
     del leftover, q
     gc.collect()
     assert ref2() is None, "destroying a queue releases what it still held"
+
+
+def test_none_is_an_item_like_any_other():
+    q = InputQueue()
+    q.put(None)
+    q.put_nowait(None)
+    assert q.get(timeout=1) is None and q.get_nowait() is None

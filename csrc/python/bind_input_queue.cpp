@@ -80,8 +80,8 @@ void bind_input_queue(nb::module_& m) {
       "FIFO per producer; nothing lost or duplicated. close() rejects later puts but keeps queued items; a get "
       "on a closed, empty queue raises ClosedError. Timeouts raise queue.Empty, as queue.Queue does.")
       .def(nb::init<>())
-      .def("put", &PyInputQueue::put_obj, "item"_a, "Append an item (never blocks) and wake the consumer.")
-      .def("put_nowait", &PyInputQueue::put_obj, "item"_a, "Same as put (the queue is unbounded).")
+      .def("put", &PyInputQueue::put_obj, "item"_a.none(), "Append an item (never blocks) and wake the consumer.")
+      .def("put_nowait", &PyInputQueue::put_obj, "item"_a.none(), "Same as put (the queue is unbounded).")
       .def("get", &PyInputQueue::get, "timeout"_a = nb::none(),
            "Remove and return the oldest item, waiting (GIL released) up to `timeout` seconds.")
       .def("get_nowait", &PyInputQueue::get_nowait, "Remove and return the oldest item; queue.Empty if none.")

@@ -45,7 +45,7 @@ def info() -> dict:
         "compiler": build["compiler"],
         "futex_waitv": build["futex_waitv"],
         "cuda_driver": _cuda_driver(),
-        "nvtx": "not built into this version",
+        "nvtx": "ranges built in (domain 'hotloop')" if build["nvtx"] else "built without the NVTX3 headers",
         "default_wait_policy": repr(hotloop.WaitPolicy()),
     }
 

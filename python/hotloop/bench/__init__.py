@@ -3,8 +3,9 @@
 Run them with ``hotloop bench [NAME ...] [--quick] [--json PATH]``; ``BENCHMARKS`` maps names to runners.
 """
 
-from hotloop.bench import wait_bench
+from hotloop.bench import notifier_bench, wait_bench
 
 BENCHMARKS = {
     "wait": wait_bench.run,
+    "notifier": notifier_bench.run,
 }
