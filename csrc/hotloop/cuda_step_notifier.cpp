@@ -119,13 +119,13 @@ void CudaStepNotifier::State::helper_main() {
       p = pending[head];
     }
     CUresult rc = drv.cuEventSynchronize(p.event);
-    finish(p.token, rc);
-    {
+    {  // back to the pool before the step completes, so the engine's next mark finds it there
       std::lock_guard<std::mutex> lock(event_mu);
       head = (head + 1) % cap;
       --count;
       free_events.push_back(p.event);
     }
+    finish(p.token, rc);
   }
   for (CUevent e : free_events) drv.cuEventDestroy(e);
   free_events.clear();

@@ -1,0 +1,556 @@
+#include "hotloop/shm_ring.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <random>
+
+#include "hotloop/clock.h"
+#include "hotloop/errors.h"
+#include "hotloop/nvtx.h"
+#include "hotloop/wait_any.h"
+
+namespace hotloop {
+namespace {
+
+constexpr uint64_t kMagic = 0x51504f4f4c544f48ull;  // "HOTLOOPQ"
+constexpr int64_t kLivenessSliceNs = 100'000'000;    // peers are checked this often while waiting
+constexpr uint32_t kWhole = 1, kFirst = 2, kMiddle = 3, kLast = 4, kPad = 5;
+constexpr uint64_t kRecordHeader = 16;
+
+struct RecordHeader {
+  uint32_t size;  // payload bytes
+  uint32_t kind;
+  uint64_t seq;
+};
+static_assert(sizeof(RecordHeader) == kRecordHeader);
+
+uint64_t align8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
+
+// The start time of a live (not zombie) process in clock ticks since boot, or 0 if there is none.
+uint64_t process_start_time(int pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return 0;
+  char buf[1024];
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may contain spaces and parentheses
+  if (p == nullptr || p[1] == '\0') return 0;
+  char state = p[2];
+  if (state == 'Z' || state == 'X') return 0;
+  // fields after ')': 3 state ... 22 starttime
+  p += 2;
+  for (int field = 3; field < 22; ++field) {
+    p = std::strchr(p, ' ');
+    if (p == nullptr) return 0;
+    ++p;
+  }
+  return std::strtoull(p, nullptr, 10);
+}
+
+bool process_alive(int pid, uint64_t start_time) {
+  return pid > 0 && process_start_time(pid) == start_time && start_time != 0;
+}
+
+}  // namespace
+
+struct alignas(kCacheLine) ReaderSlot {
+  std::atomic<uint64_t> read_pos{0};
+  std::atomic<int32_t> pid{0};
+  std::atomic<uint32_t> attached{0};
+  std::atomic<uint32_t> dropped{0};  // closed, or died under DeadReaderPolicy::kDrop: not waited for
+  uint64_t start_time = 0;
+};
+
+struct ShmRing::Layout {
+  std::atomic<uint64_t> magic{0};
+  uint32_t version = 0;
+  uint32_t n_readers = 0;
+  uint64_t capacity = 0;
+  uint64_t max_message = 0;
+  uint32_t dead_reader = 0;
+  int32_t writer_pid = 0;
+  uint64_t writer_start_time = 0;
+  std::atomic<uint32_t> state{0};  // 1: shut down
+  std::atomic<uint32_t> attached{0};
+  Doorbell data_bell{true};   // rung by the writer after publishing
+  Doorbell space_bell{true};  // rung by readers after releasing
+  alignas(kCacheLine) std::atomic<uint64_t> write_pos{0};
+
+  ReaderSlot* readers() { return reinterpret_cast<ReaderSlot*>(reinterpret_cast<uint8_t*>(this) + sizeof(Layout)); }
+  static size_t data_offset(uint32_t n) { return sizeof(Layout) + n * sizeof(ReaderSlot); }
+  uint8_t* data() { return reinterpret_cast<uint8_t*>(this) + data_offset(n_readers); }
+};
+
+// A reader's wait source: ready when a record waits or the ring is shut down.
+class ShmRing::ReaderSource final : public Source {
+ public:
+  ReaderSource(Layout* l, ReaderSlot* slot) : l_(l), slot_(slot) {}
+  bool ready() const noexcept override {
+    return l_->write_pos.load(std::memory_order_acquire) != slot_->read_pos.load(std::memory_order_relaxed) ||
+           l_->state.load(std::memory_order_acquire) != 0;
+  }
+  Doorbell* doorbell() noexcept override { return &l_->data_bell; }
+
+ private:
+  Layout* l_;
+  ReaderSlot* slot_;
+};
+
+namespace {
+
+// The writer's wait source: ready when `need` bytes are free (checked by the ring), or on shutdown.
+struct SpaceSource final : Source {
+  const std::atomic<uint32_t>* state;
+  Doorbell* bell;
+  std::function<bool()> has_space;
+  bool ready() const noexcept override { return state->load(std::memory_order_acquire) != 0 || has_space(); }
+  Doorbell* doorbell() noexcept override { return bell; }
+};
+
+std::string fresh_name() {
+  static std::atomic<uint32_t> counter{0};
+  std::random_device rd;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "/hotloop-%d-%llu-%u-%08x", int(getpid()),
+                static_cast<unsigned long long>(process_start_time(getpid())), counter.fetch_add(1), rd());
+  return buf;
+}
+
+}  // namespace
+
+ShmRing ShmRing::create(const RingGeometry& g, std::string name) {
+  if (g.capacity < 4096 || (g.capacity & (g.capacity - 1)) != 0) {
+    throw std::invalid_argument("ring capacity must be a power of two >= 4096 bytes (got " +
+                                std::to_string(g.capacity) + ")");
+  }
+  if (g.n_readers == 0 || g.n_readers > 1024) {
+    throw std::invalid_argument("a ring has 1 to 1024 local readers (got " + std::to_string(g.n_readers) + ")");
+  }
+  if (name.empty()) name = fresh_name();
+  if (name[0] != '/' || name.find('/', 1) != std::string::npos || name.size() > 250) {
+    throw std::invalid_argument("shared-memory name '" + name + "' must be '/' followed by up to 250 characters "
+                                "without '/'");
+  }
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    throw std::runtime_error("cannot create shared-memory segment " + name + ": " + std::strerror(errno) +
+                             (errno == EEXIST ? " (pick another name)" : " (is /dev/shm mounted and writable?)"));
+  }
+  size_t size = Layout::data_offset(g.n_readers) + g.capacity;
+  if (ftruncate(fd, off_t(size)) != 0) {
+    int e = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    throw std::runtime_error("cannot size shared-memory segment " + name + " to " + std::to_string(size) +
+                             " bytes: " + std::strerror(e) + " (is /dev/shm large enough?)");
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    shm_unlink(name.c_str());
+    throw std::runtime_error("cannot map shared-memory segment " + name + ": " + std::strerror(e));
+  }
+  auto* l = new (p) Layout();
+  l->version = kLayoutVersion;
+  l->n_readers = g.n_readers;
+  l->capacity = g.capacity;
+  l->max_message = g.max_message;
+  l->dead_reader = uint32_t(g.dead_reader);
+  l->writer_pid = int32_t(getpid());
+  l->writer_start_time = process_start_time(getpid());
+  for (uint32_t i = 0; i < g.n_readers; ++i) new (&l->readers()[i]) ReaderSlot();
+  l->magic.store(kMagic, std::memory_order_release);
+
+  ShmRing r;
+  r.layout_ = l;
+  r.map_size_ = size;
+  r.name_ = name;
+  r.rank_ = -1;
+  r.linked_ = true;
+  return r;
+}
+
+ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_capacity, uint32_t expect_readers) {
+  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    throw BadHandleError("no shared-memory segment " + name + " (" + std::strerror(errno) +
+                         "): its writer closed the queue, or every reader already attached (the name is "
+                         "removed then); create the reader from a fresh handle before the writer's "
+                         "wait_until_ready() times out");
+  }
+  struct stat st {};
+  fstat(fd, &st);
+  size_t min_size = Layout::data_offset(expect_readers) + expect_capacity;
+  if (size_t(st.st_size) < sizeof(Layout) || size_t(st.st_size) != min_size) {
+    close(fd);
+    throw BadHandleError("shared-memory segment " + name + " has " + std::to_string(st.st_size) +
+                         " bytes, not the " + std::to_string(min_size) + " the handle describes: "
+                         "the handle is corrupt or from another queue");
+  }
+  void* p = mmap(nullptr, min_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) throw std::runtime_error("cannot map " + name + ": " + std::strerror(errno));
+  auto* l = static_cast<Layout*>(p);
+  auto fail = [&](const std::string& why) {
+    munmap(p, min_size);
+    throw BadHandleError("cannot attach to queue " + name + ": " + why);
+  };
+  if (l->magic.load(std::memory_order_acquire) != kMagic) fail("the segment is not a hotloop message queue");
+  if (l->version != kLayoutVersion) {
+    fail("its layout version is " + std::to_string(l->version) + ", this hotloop reads version " +
+         std::to_string(kLayoutVersion) + ": use the same hotloop version in every process");
+  }
+  if (l->capacity != expect_capacity || l->n_readers != expect_readers) {
+    fail("the handle's geometry does not match the segment's (the handle is corrupt or forged)");
+  }
+  if (rank >= l->n_readers) {
+    fail("reader rank " + std::to_string(rank) + " is out of range: the queue has " +
+         std::to_string(l->n_readers) + " local readers (ranks 0-" + std::to_string(l->n_readers - 1) + ")");
+  }
+  ReaderSlot& slot = l->readers()[rank];
+  uint32_t expected = 0;
+  if (!slot.attached.compare_exchange_strong(expected, 1)) {
+    fail("reader rank " + std::to_string(rank) + " is already attached (by pid " + std::to_string(slot.pid.load()) +
+         "): each rank attaches once");
+  }
+  slot.start_time = process_start_time(getpid());
+  slot.pid.store(int32_t(getpid()), std::memory_order_release);
+
+  ShmRing r;
+  r.layout_ = l;
+  r.map_size_ = min_size;
+  r.name_ = name;
+  r.rank_ = int(rank);
+  r.linked_ = true;
+  r.source_ = new ReaderSource(l, &slot);
+  if (l->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == l->n_readers) r.unlink();
+  return r;
+}
+
+ShmRing::ShmRing(ShmRing&& o) noexcept
+    : layout_(o.layout_), map_size_(o.map_size_), name_(std::move(o.name_)), rank_(o.rank_), linked_(o.linked_),
+      next_seq_(o.next_seq_), pending_release_(o.pending_release_), source_(o.source_),
+      partial_(std::move(o.partial_)), partial_seq_(o.partial_seq_), partial_filled_(o.partial_filled_),
+      assembling_(o.assembling_) {
+  o.layout_ = nullptr;
+  o.source_ = nullptr;
+  o.linked_ = false;
+}
+
+ShmRing::~ShmRing() {
+  if (layout_ == nullptr) return;
+  if (is_writer()) {
+    shutdown();
+    unlink();
+  } else {
+    release();
+    layout_->readers()[rank_].dropped.store(1, std::memory_order_release);
+    layout_->space_bell.ring();
+  }
+  delete source_;
+  munmap(layout_, map_size_);
+}
+
+uint64_t ShmRing::capacity() const noexcept { return layout_->capacity; }
+uint32_t ShmRing::n_readers() const noexcept { return layout_->n_readers; }
+uint32_t ShmRing::attached_readers() const noexcept { return layout_->attached.load(std::memory_order_acquire); }
+bool ShmRing::shut_down() const noexcept { return layout_->state.load(std::memory_order_acquire) != 0; }
+
+void ShmRing::unlink() noexcept {
+  if (linked_) shm_unlink(name_.c_str());  // ENOENT when a peer unlinked it first: fine
+  linked_ = false;
+}
+
+void ShmRing::shutdown() noexcept {
+  layout_->state.store(1, std::memory_order_release);
+  layout_->data_bell.ring();
+  layout_->space_bell.ring();
+}
+
+// ---- writer ----
+
+uint64_t ShmRing::slowest_reader_pos(int* slowest_rank) noexcept {
+  Layout* l = layout_;
+  uint64_t min_pos = l->write_pos.load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < l->n_readers; ++i) {
+    ReaderSlot& s = l->readers()[i];
+    if (s.dropped.load(std::memory_order_acquire)) continue;
+    uint64_t p = s.read_pos.load(std::memory_order_acquire);
+    if (p < min_pos) {
+      min_pos = p;
+      if (slowest_rank) *slowest_rank = int(i);
+    }
+  }
+  return min_pos;
+}
+
+void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
+  Layout* l = layout_;
+  const uint64_t pos = l->write_pos.load(std::memory_order_relaxed);
+  auto has_space = [&] { return pos + need - slowest_reader_pos(nullptr) <= l->capacity; };
+  if (has_space()) return;
+  SpaceSource src;
+  src.state = &l->state;
+  src.bell = &l->space_bell;
+  src.has_space = has_space;
+  Source* s = &src;
+  for (;;) {
+    if (l->state.load(std::memory_order_acquire) != 0) {
+      throw ClosedError("queue " + name_ + " was shut down while a message was being written");
+    }
+    if (has_space()) return;
+    int64_t now = now_ns();
+    if (now >= deadline) {
+      int rank = -1;
+      uint64_t slow = slowest_reader_pos(&rank);
+      ReaderSlot& r = l->readers()[rank < 0 ? 0 : rank];
+      bool attached = r.attached.load(std::memory_order_acquire) != 0;
+      throw QueueTimeout("queue " + name_ + " is full: reader rank " + std::to_string(rank) +
+                         (attached ? " (pid " + std::to_string(r.pid.load()) + ")" : " (not attached yet)") + " is " +
+                         std::to_string(pos - slow) + " bytes behind, a full ring; it is stuck or slow: make it "
+                         "read, raise the timeout, or use a larger ring");
+    }
+    wait_any(&s, 1, std::min(deadline, now + kLivenessSliceNs) - now, policy, hooks);
+    if (has_space() || l->state.load(std::memory_order_acquire) != 0) continue;
+    // Still full: are the readers holding the writer back alive?
+    for (uint32_t i = 0; i < l->n_readers; ++i) {
+      ReaderSlot& r = l->readers()[i];
+      if (r.dropped.load(std::memory_order_acquire) || !r.attached.load(std::memory_order_acquire)) continue;
+      if (pos + need - r.read_pos.load(std::memory_order_acquire) <= l->capacity) continue;
+      if (process_alive(r.pid.load(), r.start_time)) continue;
+      if (DeadReaderPolicy(l->dead_reader) == DeadReaderPolicy::kDrop) {
+        r.dropped.store(1, std::memory_order_release);
+        continue;
+      }
+      throw DeadPeerError("reader rank " + std::to_string(i) + " (pid " + std::to_string(r.pid.load()) +
+                          ") of queue " + name_ + " died: the writer will not wait for it; restart the workers, "
+                          "or create the queue with dead_reader='drop' to go on without it");
+    }
+  }
+}
+
+void ShmRing::put_record(uint32_t kind, uint64_t seq, const Part* parts, size_t n, size_t skip, size_t size,
+                         int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
+  Layout* l = layout_;
+  const uint64_t mask = l->capacity - 1;
+  const uint64_t rec = kRecordHeader + align8(size);
+  uint64_t pos = l->write_pos.load(std::memory_order_relaxed);
+  uint64_t tail = l->capacity - (pos & mask);
+  if (tail < rec) {  // skip the tail: a record never wraps
+    wait_for_space(tail, deadline, policy, hooks);
+    if (tail >= kRecordHeader) {
+      auto* h = reinterpret_cast<RecordHeader*>(l->data() + (pos & mask));
+      *h = RecordHeader{uint32_t(tail - kRecordHeader), kPad, seq};
+    }
+    pos += tail;
+    l->write_pos.store(pos, std::memory_order_release);
+  }
+  wait_for_space(rec, deadline, policy, hooks);
+  uint8_t* dst = l->data() + (pos & mask);
+  *reinterpret_cast<RecordHeader*>(dst) = RecordHeader{uint32_t(size), kind, seq};
+  dst += kRecordHeader;
+  size_t left = size;
+  for (size_t i = 0; i < n && left > 0; ++i) {
+    if (skip >= parts[i].size) {
+      skip -= parts[i].size;
+      continue;
+    }
+    size_t take = std::min(parts[i].size - skip, left);
+    std::memcpy(dst, static_cast<const uint8_t*>(parts[i].data) + skip, take);
+    dst += take;
+    left -= take;
+    skip = 0;
+  }
+  l->write_pos.store(pos + rec, std::memory_order_release);
+  l->data_bell.ring();
+}
+
+void ShmRing::write(const Part* parts, size_t n, int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks) {
+  nvtx::Scope range(nvtx::Range::kEnqueue);
+  Layout* l = layout_;
+  if (!is_writer()) throw std::logic_error("queue " + name_ + ": only the writer enqueues");
+  if (l->state.load(std::memory_order_acquire) != 0) {
+    throw ClosedError("queue " + name_ + " was shut down: no more messages can be enqueued");
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += parts[i].size;
+  if (l->max_message != 0 && total > l->max_message) {
+    throw std::length_error("a message of " + std::to_string(total) + " bytes exceeds the maximum of " +
+                            std::to_string(l->max_message) + " bytes of queue " + name_ +
+                            ": send it in pieces, or create the queue with a larger maximum");
+  }
+  const int64_t start = now_ns();
+  const int64_t deadline = timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns;
+  const uint64_t seq = next_seq_++;  // consumed even if the write fails: readers then drop a partial message
+  const uint64_t max_payload = (l->capacity / 4 - kRecordHeader) & ~uint64_t(7);
+  if (total <= max_payload) {
+    put_record(kWhole, seq, parts, n, 0, total, deadline, policy, hooks);
+    return;
+  }
+  std::vector<Part> all;
+  all.reserve(n + 1);
+  all.push_back(Part{&total, sizeof total});
+  all.insert(all.end(), parts, parts + n);
+  const uint64_t length = total + sizeof total;
+  for (uint64_t off = 0; off < length;) {
+    uint64_t chunk = std::min(max_payload, length - off);
+    uint32_t kind = off == 0 ? kFirst : off + chunk == length ? kLast : kMiddle;
+    put_record(kind, seq, all.data(), all.size(), off, chunk, deadline, policy, hooks);
+    off += chunk;
+  }
+}
+
+// ---- reader ----
+
+Source& ShmRing::source() noexcept { return *source_; }
+
+bool ShmRing::readable() const noexcept {
+  return layout_->write_pos.load(std::memory_order_acquire) !=
+         layout_->readers()[rank_].read_pos.load(std::memory_order_relaxed);
+}
+
+void ShmRing::release() noexcept {
+  if (pending_release_ == 0 || is_writer()) return;
+  ReaderSlot& slot = layout_->readers()[rank_];
+  slot.read_pos.store(slot.read_pos.load(std::memory_order_relaxed) + pending_release_, std::memory_order_release);
+  pending_release_ = 0;
+  layout_->space_bell.ring();
+}
+
+bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
+  Layout* l = layout_;
+  Source* s = source_;
+  for (;;) {
+    if (readable()) return true;
+    if (l->state.load(std::memory_order_acquire) != 0) {
+      throw ClosedError("queue " + name_ + " was shut down by its writer (every message before that was "
+                        "delivered)");
+    }
+    int64_t now = now_ns();
+    if (now >= deadline) return false;
+    if (wait_any(&s, 1, std::min(deadline, now + kLivenessSliceNs) - now, policy, hooks) != 0) continue;
+    if (!readable() && !process_alive(l->writer_pid, l->writer_start_time)) {
+      throw DeadPeerError("the writer (pid " + std::to_string(l->writer_pid) + ") of queue " + name_ +
+                          " died; every message it published was delivered: recreate the queue");
+    }
+  }
+}
+
+bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks) {
+  nvtx::Scope range(nvtx::Range::kDequeue);
+  if (is_writer()) throw std::logic_error("queue " + name_ + ": the writer does not dequeue");
+  release();
+  Layout* l = layout_;
+  ReaderSlot& slot = l->readers()[rank_];
+  const uint64_t mask = l->capacity - 1;
+  const int64_t start = now_ns();
+  const int64_t deadline = timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns;
+  auto corrupt = [&](const std::string& what) {
+    return std::runtime_error("queue " + name_ + ": corrupt record at byte " +
+                              std::to_string(slot.read_pos.load()) + " (" + what + "); the segment was "
+                              "overwritten by something other than its writer: recreate the queue");
+  };
+  auto advance = [&](uint64_t bytes) {
+    slot.read_pos.store(slot.read_pos.load(std::memory_order_relaxed) + bytes, std::memory_order_release);
+    l->space_bell.ring();
+  };
+  for (;;) {
+    if (!wait_readable(deadline, policy, hooks)) return false;
+    uint64_t pos = slot.read_pos.load(std::memory_order_relaxed);
+    uint64_t tail = l->capacity - (pos & mask);
+    if (tail < kRecordHeader) {
+      advance(tail);
+      continue;
+    }
+    const uint8_t* rec = l->data() + (pos & mask);
+    RecordHeader h;
+    std::memcpy(&h, rec, sizeof h);
+    uint64_t len = kRecordHeader + align8(h.size);
+    if (len > tail) throw corrupt("record of " + std::to_string(h.size) + " bytes runs past the ring's end");
+    const uint8_t* payload = rec + kRecordHeader;
+    switch (h.kind) {
+      case kPad:
+        advance(len);
+        continue;
+      case kWhole:
+        if (h.seq < next_seq_) throw corrupt("message sequence went back");
+        partial_.clear();
+        assembling_ = false;
+        out.owned.clear();
+        out.data = payload;
+        out.size = h.size;
+        out.seq = h.seq;
+        next_seq_ = h.seq + 1;
+        pending_release_ = len;
+        return true;
+      case kFirst: {
+        if (h.seq < next_seq_ || h.size < 8) throw corrupt("bad first fragment");
+        uint64_t total;
+        std::memcpy(&total, payload, sizeof total);
+        if (l->max_message != 0 && total > l->max_message) throw corrupt("message longer than the maximum");
+        partial_.resize(total);  // a half-assembled earlier message (its write failed) is dropped
+        partial_seq_ = h.seq;
+        partial_filled_ = std::min<uint64_t>(h.size - 8, total);
+        std::memcpy(partial_.data(), payload + 8, partial_filled_);
+        assembling_ = true;
+        advance(len);
+        continue;
+      }
+      case kMiddle:
+      case kLast: {
+        if (!assembling_ || h.seq != partial_seq_) throw corrupt("fragment without its first part");
+        if (partial_filled_ + h.size > partial_.size()) throw corrupt("fragments longer than the message");
+        std::memcpy(partial_.data() + partial_filled_, payload, h.size);
+        partial_filled_ += h.size;
+        advance(len);
+        if (h.kind == kMiddle) continue;
+        if (partial_filled_ != partial_.size()) throw corrupt("fragments shorter than the message");
+        assembling_ = false;
+        out.owned.swap(partial_);
+        partial_.clear();
+        out.data = out.owned.data();
+        out.size = out.owned.size();
+        out.seq = h.seq;
+        next_seq_ = h.seq + 1;
+        return true;
+      }
+      default:
+        throw corrupt("unknown record kind " + std::to_string(h.kind));
+    }
+  }
+}
+
+// ---- cleanup of segments whose creator died before every reader attached ----
+
+int ShmRing::reap_stale_segments() noexcept {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  while (dirent* e = readdir(dir)) {
+    int pid = 0;
+    unsigned long long start = 0;
+    if (std::sscanf(e->d_name, "hotloop-%d-%llu-", &pid, &start) != 2) continue;
+    if (process_alive(pid, start)) continue;
+    std::string name = std::string("/") + e->d_name;
+    if (shm_unlink(name.c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
+}
+
+}  // namespace hotloop

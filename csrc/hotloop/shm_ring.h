@@ -1,0 +1,153 @@
+// ShmRing: a one-writer, many-reader broadcast ring of messages in named POSIX shared memory. Every reader
+// receives every message, in order.
+//
+// Segment: a header (magic, layout version, geometry, writer pid, state), two doorbells ("data": rung by the
+// writer after publishing; "space": rung by a reader after releasing), the write position, one cache line per
+// reader (its read position, pid, attach state), then `capacity` bytes of records. Positions count bytes
+// written since creation; a record starts at an 8-byte boundary and never wraps (a pad record skips the tail).
+// Record: {uint32 size, uint32 kind, uint64 message sequence} then the payload. A message larger than a record
+// may be (capacity / 4) is split into first / middle / last fragments carrying the same sequence.
+//
+// Writer: write(parts) copies the parts into the ring (the one copy), waiting with the wait policy while the
+// slowest live reader is a full ring behind; the timeout error names that reader. A reader whose process died
+// is detected within ~100 ms while the writer waits, and either raises (DeadPeerError) or is dropped
+// (DeadReaderPolicy::kDrop: its cursor no longer holds the writer back). Readers: read() returns the next
+// message: a zero-copy view of ring memory for a message in one record (valid until release()), or an owned
+// buffer assembled from its fragments. A reader waiting for data notices shutdown (ClosedError) and a dead
+// writer (DeadPeerError) within ~100 ms; messages published before either are still delivered.
+//
+// Lifetime: the creator sets the segment up; attach() maps it by name and checks magic, version, geometry and
+// rank. The name is unlinked as soon as every reader has attached (so a later SIGKILL leaves nothing in
+// /dev/shm), or by the writer's destructor; reap_stale_segments() removes segments whose creator died before
+// that point.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hotloop/doorbell.h"
+#include "hotloop/source.h"
+#include "hotloop/wait_any.h"
+#include "hotloop/wait_policy.h"
+
+namespace hotloop {
+
+// A peer process (writer or reader) died.
+class DeadPeerError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The segment is not a hotloop ring of the expected layout, or the handle does not match it.
+class BadHandleError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A wait for ring space or a message timed out.
+class QueueTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DeadReaderPolicy : uint32_t { kRaise = 0, kDrop = 1 };
+
+struct RingGeometry {
+  uint64_t capacity = 1 << 24;   // data bytes, a power of two >= 4096
+  uint32_t n_readers = 1;
+  uint64_t max_message = 0;      // bytes; 0 = no limit beyond what fits in memory
+  DeadReaderPolicy dead_reader = DeadReaderPolicy::kRaise;
+};
+
+class ShmRing {
+ public:
+  static constexpr uint32_t kLayoutVersion = 1;
+
+  // Writer: creates the segment. `name` must start with '/'; empty picks a fresh "/hotloop-<pid>-<n>-<rand>".
+  static ShmRing create(const RingGeometry& g, std::string name = "");
+  // Reader `rank` (0 <= rank < n_readers): maps the segment and marks the rank attached.
+  // Throws BadHandleError (no such segment, not a ring, other layout or geometry, rank taken or out of range).
+  static ShmRing attach(const std::string& name, uint32_t rank, uint64_t expect_capacity, uint32_t expect_readers);
+
+  ShmRing(ShmRing&& other) noexcept;
+  ShmRing& operator=(ShmRing&& other) = delete;
+  ShmRing(const ShmRing&) = delete;
+  ~ShmRing();
+
+  const std::string& name() const noexcept { return name_; }
+  bool is_writer() const noexcept { return rank_ < 0; }
+  int rank() const noexcept { return rank_; }
+  uint64_t capacity() const noexcept;
+  uint32_t n_readers() const noexcept;
+  uint32_t attached_readers() const noexcept;
+  bool all_attached() const noexcept { return attached_readers() == n_readers(); }
+  // Unlinks the name if still linked (idempotent). Mapped peers keep working.
+  void unlink() noexcept;
+  bool shut_down() const noexcept;
+
+  // ---- writer ----
+  // Writes one message made of the concatenated parts. timeout_ns < 0: no deadline. Throws QueueTimeout
+  // (naming the slowest reader), DeadPeerError, ClosedError (after shutdown), std::length_error (> max_message).
+  // `hook` (may be null) runs every ~100 ms while waiting (the Python binding checks for Ctrl-C there).
+  struct Part {
+    const void* data;
+    size_t size;
+  };
+  void write(const Part* parts, size_t n, int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks = nullptr);
+  // Marks the ring shut down and wakes every parked reader (they get ClosedError once drained).
+  void shutdown() noexcept;
+  uint64_t messages_written() const noexcept { return next_seq_; }
+
+  // ---- reader ----
+  // A message: either a view into the ring (`owned` empty; valid until release()) or an owned buffer.
+  struct Message {
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    std::vector<uint8_t> owned;
+    uint64_t seq = 0;
+  };
+  // Whether a message (or a pad to skip) is waiting: one atomic load, no system call.
+  bool readable() const noexcept;
+  // Waits for the next message; false on timeout. Throws ClosedError (shut down and drained), DeadPeerError
+  // (writer died and nothing left), std::runtime_error on a corrupt record.
+  bool read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks = nullptr);
+  // Releases the message returned by the last read() (frees its ring space for the writer).
+  void release() noexcept;
+  uint64_t messages_read() const noexcept { return next_seq_; }
+
+  // The reader's wait_any source: ready when readable() or the ring is shut down.
+  Source& source() noexcept;
+
+  // Removes /dev/shm/hotloop-<pid>-* segments whose creating process no longer exists. Returns how many.
+  static int reap_stale_segments() noexcept;
+
+ private:
+  struct Layout;
+  class ReaderSource;
+  ShmRing() = default;
+
+  Layout* layout_ = nullptr;
+  size_t map_size_ = 0;
+  std::string name_;
+  int rank_ = -1;
+  bool linked_ = false;
+  uint64_t next_seq_ = 0;     // writer: next sequence to write; reader: next expected
+  uint64_t pending_release_ = 0;  // reader: bytes to advance on release()
+  ReaderSource* source_ = nullptr;
+  std::vector<uint8_t> partial_;  // reader: a fragmented message being assembled
+  uint64_t partial_seq_ = 0;
+  uint64_t partial_filled_ = 0;
+  bool assembling_ = false;
+
+  void wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks);
+  uint64_t slowest_reader_pos(int* slowest_rank) noexcept;
+  void put_record(uint32_t kind, uint64_t seq, const Part* parts, size_t n, size_t skip, size_t size,
+                  int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks);
+  bool wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks);
+};
+
+}  // namespace hotloop

@@ -1,0 +1,357 @@
+// ShmRing: delivery (every reader gets every message once, in order, across processes), fragmentation, full
+// ring, shutdown, dead peers, bad handles, and no /dev/shm leftovers.
+#include <gtest/gtest.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hotloop/clock.h"
+#include "hotloop/errors.h"
+#include "hotloop/shm_ring.h"
+#include "test_util.h"
+
+namespace hotloop {
+namespace {
+
+constexpr int64_t kLong = 10'000'000'000;
+
+std::set<std::string> shm_segments() {
+  std::set<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      if (std::strncmp(e->d_name, "hotloop-", 8) == 0) out.insert(e->d_name);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+// Message `seq` of a stream: its size and bytes follow from the sequence number, so readers can verify both.
+size_t size_of(uint64_t seq, size_t max_size) {
+  std::mt19937_64 rng(seq * 0x9E3779B97F4A7C15ull);
+  uint64_t r = rng();
+  if (r % 50 == 0) return r % (max_size + 1);  // occasionally up to max_size (fragmented)
+  return r % 2048;
+}
+std::vector<uint8_t> body_of(uint64_t seq, size_t size) {
+  std::vector<uint8_t> b(size);
+  uint64_t x = seq + 1;
+  for (size_t i = 0; i < size; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    b[i] = uint8_t(x >> 56);
+  }
+  return b;
+}
+
+void write_bytes(ShmRing& w, const std::vector<uint8_t>& b, int64_t timeout = kLong) {
+  WaitPolicy p;
+  ShmRing::Part part{b.data(), b.size()};
+  w.write(&part, 1, timeout, p);
+}
+
+// Child process body: returns the exit code (0 = every message verified).
+int read_stream(const std::string& name, uint32_t rank, uint64_t cap, uint32_t n, uint64_t count, size_t max_size,
+                int slow_every) {
+  try {
+    ShmRing r = ShmRing::attach(name, rank, cap, n);
+    WaitPolicy p;
+    ShmRing::Message m;
+    for (uint64_t seq = 0; seq < count; ++seq) {
+      if (!r.read(m, kLong, p)) return 10;
+      if (m.seq != seq) return 11;
+      std::vector<uint8_t> want = body_of(seq, size_of(seq, max_size));
+      if (m.size != want.size() || (m.size && std::memcmp(m.data, want.data(), m.size) != 0)) return 12;
+      if (slow_every && seq % slow_every == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    r.release();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "reader %u: %s\n", rank, e.what());
+    return 20;
+  }
+}
+
+int wait_child(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+class ShmRingTest : public ::testing::Test {
+ protected:
+  void SetUp() override { before_ = shm_segments(); }
+  void TearDown() override { EXPECT_EQ(shm_segments(), before_) << "a test left a segment in /dev/shm"; }
+  std::set<std::string> before_;
+};
+
+TEST_F(ShmRingTest, ThreeReaderProcessesGetEveryMessageOnceInOrder) {
+  const uint64_t cap = 1 << 16, count = (test::under_tsan() ? 3'000 : 20'000) * uint64_t(test::stress_scale());
+  const size_t max_size = 4 * cap;  // up to four rings: fragmented while readers consume
+  for (int slow : {0, 1}) {
+    RingGeometry g;
+    g.capacity = cap;
+    g.n_readers = 3;
+    ShmRing w = ShmRing::create(g);
+    std::vector<pid_t> kids;
+    for (uint32_t rank = 0; rank < 3; ++rank) {
+      pid_t pid = fork();
+      if (pid == 0) _exit(read_stream(w.name(), rank, cap, 3, count, max_size, slow && rank == 2 ? 97 : 0));
+      kids.push_back(pid);
+    }
+    int64_t deadline = now_ns() + kLong;
+    while (!w.all_attached() && now_ns() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(w.all_attached());
+    EXPECT_EQ(shm_segments(), before_) << "the name is unlinked once every reader attached";
+    for (uint64_t seq = 0; seq < count; ++seq) write_bytes(w, body_of(seq, size_of(seq, max_size)));
+    for (pid_t k : kids) EXPECT_EQ(wait_child(k), 0) << "slow=" << slow;
+  }
+}
+
+TEST_F(ShmRingTest, ZeroByteAndBoundarySizedMessagesRoundTrip) {
+  RingGeometry g;
+  g.capacity = 4096;
+  ShmRing w = ShmRing::create(g);
+  ShmRing r = ShmRing::attach(w.name(), 0, g.capacity, 1);
+  WaitPolicy p;
+  std::vector<size_t> sizes = {0, 1, 7, 8, 9, 1008, 1009, 1010, 1024, 4095, 4096, 20000};
+  std::thread writer([&] {
+    for (size_t i = 0; i < sizes.size(); ++i) write_bytes(w, body_of(i, sizes[i]));
+  });
+  ShmRing::Message m;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(r.read(m, kLong, p));
+    ASSERT_EQ(m.size, sizes[i]);
+    EXPECT_EQ(std::vector<uint8_t>(m.data, m.data + m.size), body_of(i, sizes[i]));
+    EXPECT_EQ(m.owned.empty(), sizes[i] <= 1008) << "small messages are zero-copy views, large ones assembled";
+  }
+  writer.join();
+}
+
+TEST_F(ShmRingTest, AFullRingTimesOutNamingTheSlowReader) {
+  RingGeometry g;
+  g.capacity = 4096;
+  g.n_readers = 2;
+  ShmRing w = ShmRing::create(g);
+  ShmRing r0 = ShmRing::attach(w.name(), 0, g.capacity, 2);
+  ShmRing r1 = ShmRing::attach(w.name(), 1, g.capacity, 2);
+  std::vector<uint8_t> msg(500);
+  WaitPolicy p;
+  ShmRing::Message m;
+  int written = 0;
+  try {
+    for (;; ++written) {
+      write_bytes(w, msg, 50'000'000);
+      ASSERT_TRUE(r0.read(m, 0, p));  // rank 0 keeps up; rank 1 never reads
+    }
+  } catch (const QueueTimeout& e) {
+    EXPECT_NE(std::string(e.what()).find("reader rank 1 (pid " + std::to_string(getpid()) + ")"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_GE(written, 6);
+  EXPECT_LE(written, 8);
+  // The ring is intact: the slow reader gets everything that was written, and the writer goes on.
+  for (int i = 0; i < written; ++i) ASSERT_TRUE(r1.read(m, 0, p));
+  r1.release();
+  write_bytes(w, msg, 0);
+}
+
+TEST_F(ShmRingTest, ShutdownWakesAParkedReaderAfterTheLastMessage) {
+  RingGeometry g;
+  g.capacity = 4096;
+  ShmRing w = ShmRing::create(g);
+  ShmRing r = ShmRing::attach(w.name(), 0, g.capacity, 1);
+  write_bytes(w, {1, 2, 3});
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    w.shutdown();
+  });
+  WaitPolicy park(0, 0, false);
+  ShmRing::Message m;
+  ASSERT_TRUE(r.read(m, kLong, park));
+  EXPECT_EQ(m.size, 3u);
+  int64_t t0 = now_ns();
+  EXPECT_THROW(r.read(m, kLong, park), ClosedError);
+  EXPECT_LT(now_ns() - t0, 1'000'000'000);
+  closer.join();
+  EXPECT_THROW(write_bytes(w, {1}), ClosedError);
+}
+
+TEST_F(ShmRingTest, ADeadReaderIsDetectedWithinASecondAndCanBeDropped) {
+  for (auto policy : {DeadReaderPolicy::kRaise, DeadReaderPolicy::kDrop}) {
+    RingGeometry g;
+    g.capacity = 4096;
+    g.n_readers = 2;
+    g.dead_reader = policy;
+    ShmRing w = ShmRing::create(g);
+    ShmRing live = ShmRing::attach(w.name(), 0, g.capacity, 2);
+    pid_t pid = fork();
+    if (pid == 0) {
+      ShmRing r = ShmRing::attach(w.name(), 1, g.capacity, 2);
+      pause();  // killed below, mid-stream, without closing
+      _exit(0);
+    }
+    while (!w.all_attached()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    kill(pid, SIGKILL);  // a zombie until reaped: must count as dead
+    std::vector<uint8_t> msg(900);
+    WaitPolicy p;
+    ShmRing::Message m;
+    int64_t t0 = now_ns();
+    try {
+      for (int i = 0; i < 100; ++i) {
+        write_bytes(w, msg, 5'000'000'000);
+        ASSERT_TRUE(live.read(m, 0, p));
+      }
+      EXPECT_EQ(policy, DeadReaderPolicy::kDrop) << "with kRaise the writer must raise";
+    } catch (const DeadPeerError& e) {
+      EXPECT_EQ(policy, DeadReaderPolicy::kRaise) << e.what();
+      EXPECT_NE(std::string(e.what()).find("reader rank 1 (pid " + std::to_string(pid) + ")"), std::string::npos);
+    }
+    EXPECT_LT(now_ns() - t0, 1'500'000'000) << "detected within ~1 s";
+    wait_child(pid);
+  }
+}
+
+TEST_F(ShmRingTest, ADeadWriterIsDetectedByAParkedReaderAfterItsLastMessage) {
+  const std::string name = "/hotloop-test-" + std::to_string(getpid()) + "-deadwriter";
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    RingGeometry g;
+    g.capacity = 4096;
+    ShmRing w = ShmRing::create(g, name);
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(3);
+    while (!w.all_attached()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    write_bytes(w, {42});
+    _exit(0);  // dies without shutdown (no destructors)
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ShmRing r = ShmRing::attach(name, 0, 4096, 1);
+  WaitPolicy park(0, 0, false);
+  ShmRing::Message m;
+  ASSERT_TRUE(r.read(m, kLong, park));
+  EXPECT_EQ(m.data[0], 42);
+  int64_t t0 = now_ns();
+  EXPECT_THROW(r.read(m, kLong, park), DeadPeerError);
+  EXPECT_LT(now_ns() - t0, 1'500'000'000);
+  wait_child(pid);
+  close(ready[0]);
+  close(ready[1]);
+}
+
+TEST_F(ShmRingTest, BadHandlesAndArgumentsGiveClearErrors) {
+  RingGeometry g;
+  g.capacity = 4096;
+  g.n_readers = 2;
+  g.max_message = 1000;
+  ShmRing w = ShmRing::create(g);
+  auto expect_bad = [](auto fn, const char* words) {
+    try {
+      fn();
+      ADD_FAILURE() << "expected BadHandleError mentioning '" << words << "'";
+    } catch (const BadHandleError& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  expect_bad([&] { ShmRing::attach("/hotloop-no-such-queue", 0, 4096, 2); }, "no shared-memory segment");
+  expect_bad([&] { ShmRing::attach(w.name(), 0, 8192, 2); }, "not the");
+  expect_bad([&] { ShmRing::attach(w.name(), 5, 4096, 2); }, "out of range");
+  ShmRing r0 = ShmRing::attach(w.name(), 0, 4096, 2);
+  expect_bad([&] { ShmRing::attach(w.name(), 0, 4096, 2); }, "already attached");
+  // a segment of the right size that is not a ring
+  std::string junk = "/hotloop-test-junk-" + std::to_string(getpid());
+  int fd = shm_open(junk.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  size_t size = 0;
+  {
+    RingGeometry g2;
+    g2.capacity = 4096;
+    ShmRing probe = ShmRing::create(g2);
+    struct stat st {};
+    int pfd = shm_open(probe.name().c_str(), O_RDONLY, 0);
+    fstat(pfd, &st);
+    close(pfd);
+    size = size_t(st.st_size);
+  }
+  ASSERT_EQ(ftruncate(fd, off_t(size)), 0);
+  close(fd);
+  expect_bad([&] { ShmRing::attach(junk, 0, 4096, 1); }, "not a hotloop message queue");
+  shm_unlink(junk.c_str());
+  // an oversized message is refused and the ring stays usable
+  std::vector<uint8_t> big(1001);
+  EXPECT_THROW(write_bytes(w, big), std::length_error);
+  EXPECT_THROW(ShmRing::create(RingGeometry{1000, 1, 0, DeadReaderPolicy::kRaise}), std::invalid_argument);
+  ShmRing r1 = ShmRing::attach(w.name(), 1, 4096, 2);
+  write_bytes(w, {7});
+  WaitPolicy p;
+  ShmRing::Message m;
+  ASSERT_TRUE(r0.read(m, 0, p));
+  EXPECT_EQ(m.seq, 0u) << "the refused message left no trace in the ring";
+  EXPECT_EQ(m.data[0], 7);
+}
+
+TEST_F(ShmRingTest, SegmentsOfDeadCreatorsAreReaped) {
+  std::string stale = "/hotloop-999999999-12345-0-deadbeef";
+  int fd = shm_open(stale.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  RingGeometry g;
+  g.capacity = 4096;
+  ShmRing live = ShmRing::create(g);  // its creator (this process) is alive: kept
+  EXPECT_GE(ShmRing::reap_stale_segments(), 1);
+  EXPECT_EQ(shm_segments().count(stale.substr(1)), 0u);
+  EXPECT_EQ(shm_segments().count(live.name().substr(1)), 1u);
+}
+
+TEST_F(ShmRingTest, PingPongAcrossProcessesLosesNoWakeUp) {
+  // parent -(ping)-> child -(pong)-> parent, both waiting with a park-at-once policy: a lost wake-up hangs a
+  // round (caught by the 5 s timeout). The child writes pong through the writer mapping it inherits.
+  const int rounds = 20'000 * int(test::stress_scale());
+  RingGeometry g;
+  g.capacity = 4096;
+  ShmRing ping = ShmRing::create(g);
+  ShmRing pong = ShmRing::create(g);
+  pid_t pid = fork();
+  if (pid == 0) {
+    ShmRing in = ShmRing::attach(ping.name(), 0, 4096, 1);
+    WaitPolicy park(0, 0, false);
+    ShmRing::Message m;
+    for (int i = 0; i < rounds; ++i) {
+      if (!in.read(m, 5'000'000'000, park)) _exit(1);
+      uint32_t v;
+      std::memcpy(&v, m.data, sizeof v);
+      if (v != uint32_t(i)) _exit(2);
+      ShmRing::Part part{&v, sizeof v};
+      pong.write(&part, 1, 5'000'000'000, park);
+    }
+    _exit(0);
+  }
+  ShmRing back = ShmRing::attach(pong.name(), 0, 4096, 1);
+  WaitPolicy park(0, 0, false);
+  ShmRing::Message m;
+  for (int i = 0; i < rounds; ++i) {
+    uint32_t v = uint32_t(i);
+    ShmRing::Part part{&v, sizeof v};
+    ping.write(&part, 1, 5'000'000'000, park);
+    ASSERT_TRUE(back.read(m, 5'000'000'000, park)) << "lost wake-up at round " << i;
+    std::memcpy(&v, m.data, sizeof v);
+    ASSERT_EQ(v, uint32_t(i));
+  }
+  EXPECT_EQ(wait_child(pid), 0);
+}
+
+}  // namespace
+}  // namespace hotloop
