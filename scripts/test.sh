@@ -43,6 +43,8 @@ fi
 
 echo "== Python package and tests"
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# torch first, pinned: the CPU wheel (an unpinned torch would pull a multi-GB CUDA build)
+python3 -c "import torch" 2>/dev/null || python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q ".[test]"
 # the NVTX injection recorder built by the C++ suite (absent when the NVTX3 headers are)
 export HOTLOOP_NVTX_RECORDER="$root/build/cpp-release/tests/cpp/libhotloop_nvtx_recorder.so"

@@ -43,3 +43,15 @@ def test_sigint_interrupts_a_wait_without_timeout(kind):
     word, when = out.split()
     assert word == "interrupted"
     assert float(when) - sent < 0.5, f"took {float(when) - sent:.3f} s to react to Ctrl-C"
+
+
+def test_a_daemon_thread_still_waiting_at_exit_does_not_abort_the_process():
+    code = (
+        "import threading, hotloop\n"
+        "f = hotloop.Flag()\n"
+        "threading.Thread(target=lambda: hotloop.wait_any([f], timeout=0.2), daemon=True).start()\n"
+        "print('bye')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "bye" and "terminate" not in out.stderr

@@ -24,7 +24,7 @@ namespace hotloop {
 namespace {
 
 constexpr uint64_t kMagic = 0x51504f4f4c544f48ull;  // "HOTLOOPQ"
-constexpr int64_t kLivenessSliceNs = 100'000'000;    // peers are checked this often while waiting
+constexpr int64_t kLivenessSliceNs = 250'000'000;    // peers are checked this often while waiting
 constexpr uint32_t kWhole = 1, kFirst = 2, kMiddle = 3, kLast = 4, kPad = 5;
 constexpr uint64_t kRecordHeader = 16;
 
@@ -239,6 +239,7 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
   r.linked_ = true;
   r.source_ = new ReaderSource(l, &slot);
   if (l->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == l->n_readers) r.unlink();
+  l->space_bell.ring();  // a writer may be waiting in wait_all_attached
   return r;
 }
 
@@ -283,6 +284,22 @@ void ShmRing::shutdown() noexcept {
 }
 
 // ---- writer ----
+
+bool ShmRing::wait_all_attached(int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks) {
+  struct AttachedSource final : Source {
+    Layout* l;
+    bool ready() const noexcept override {
+      return l->attached.load(std::memory_order_acquire) == l->n_readers;
+    }
+    Doorbell* doorbell() noexcept override { return &l->space_bell; }
+  } src;
+  src.l = layout_;
+  Source* s = &src;
+  if (src.ready()) return true;
+  bool ok = wait_any(&s, 1, timeout_ns, policy, hooks) != 0;
+  if (ok) unlink();  // every reader has mapped it: nothing can be left behind now
+  return ok;
+}
 
 uint64_t ShmRing::slowest_reader_pos(int* slowest_rank) noexcept {
   Layout* l = layout_;
@@ -351,16 +368,17 @@ void ShmRing::put_record(uint32_t kind, uint64_t seq, const Part* parts, size_t 
   const uint64_t rec = kRecordHeader + align8(size);
   uint64_t pos = l->write_pos.load(std::memory_order_relaxed);
   uint64_t tail = l->capacity - (pos & mask);
-  if (tail < rec) {  // skip the tail: a record never wraps
-    wait_for_space(tail, deadline, policy, hooks);
+  if (tail < rec) {  // skip the tail: a record never wraps. Publish the pad only with its record, so that
+                     // readable() never reports a pad alone.
+    wait_for_space(tail + rec, deadline, policy, hooks);
     if (tail >= kRecordHeader) {
       auto* h = reinterpret_cast<RecordHeader*>(l->data() + (pos & mask));
       *h = RecordHeader{uint32_t(tail - kRecordHeader), kPad, seq};
     }
     pos += tail;
-    l->write_pos.store(pos, std::memory_order_release);
+  } else {
+    wait_for_space(rec, deadline, policy, hooks);
   }
-  wait_for_space(rec, deadline, policy, hooks);
   uint8_t* dst = l->data() + (pos & mask);
   *reinterpret_cast<RecordHeader*>(dst) = RecordHeader{uint32_t(size), kind, seq};
   dst += kRecordHeader;
@@ -418,6 +436,12 @@ void ShmRing::write(const Part* parts, size_t n, int64_t timeout_ns, WaitPolicy&
 // ---- reader ----
 
 Source& ShmRing::source() noexcept { return *source_; }
+
+bool ShmRing::wait(int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks) {
+  const int64_t start = now_ns();
+  return wait_readable(timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns, policy,
+                       hooks);
+}
 
 bool ShmRing::readable() const noexcept {
   return layout_->write_pos.load(std::memory_order_acquire) !=

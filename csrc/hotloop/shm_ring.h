@@ -10,11 +10,11 @@
 //
 // Writer: write(parts) copies the parts into the ring (the one copy), waiting with the wait policy while the
 // slowest live reader is a full ring behind; the timeout error names that reader. A reader whose process died
-// is detected within ~100 ms while the writer waits, and either raises (DeadPeerError) or is dropped
+// is detected within ~250 ms while the writer waits, and either raises (DeadPeerError) or is dropped
 // (DeadReaderPolicy::kDrop: its cursor no longer holds the writer back). Readers: read() returns the next
 // message: a zero-copy view of ring memory for a message in one record (valid until release()), or an owned
 // buffer assembled from its fragments. A reader waiting for data notices shutdown (ClosedError) and a dead
-// writer (DeadPeerError) within ~100 ms; messages published before either are still delivered.
+// writer (DeadPeerError) within ~250 ms; messages published before either are still delivered.
 //
 // Lifetime: the creator sets the segment up; attach() maps it by name and checks magic, version, geometry and
 // rank. The name is unlinked as soon as every reader has attached (so a later SIGKILL leaves nothing in
@@ -85,6 +85,9 @@ class ShmRing {
   uint32_t n_readers() const noexcept;
   uint32_t attached_readers() const noexcept;
   bool all_attached() const noexcept { return attached_readers() == n_readers(); }
+  // Writer: waits (wait policy; attaching readers ring the space doorbell) until every reader has attached.
+  // Returns false on timeout.
+  bool wait_all_attached(int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks = nullptr);
   // Unlinks the name if still linked (idempotent). Mapped peers keep working.
   void unlink() noexcept;
   bool shut_down() const noexcept;
@@ -115,6 +118,8 @@ class ShmRing {
   // Waits for the next message; false on timeout. Throws ClosedError (shut down and drained), DeadPeerError
   // (writer died and nothing left), std::runtime_error on a corrupt record.
   bool read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks = nullptr);
+  // Waits until a message is readable (true) or the timeout passes (false); throws as read() does.
+  bool wait(int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks = nullptr);
   // Releases the message returned by the last read() (frees its ring space for the writer).
   void release() noexcept;
   uint64_t messages_read() const noexcept { return next_seq_; }

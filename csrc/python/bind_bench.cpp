@@ -44,7 +44,7 @@ class Ticker {
   void stop() {
     stop_.store(true);
     if (thread_.joinable()) {
-      nb::gil_scoped_release release;
+      ReleasedGil released;
       thread_.join();
     }
   }

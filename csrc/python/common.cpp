@@ -2,6 +2,7 @@
 
 #include <Python.h>
 #include <pythread.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <mutex>
@@ -30,6 +31,8 @@ std::mutex g_prompt_mu;
 int g_prompt_users = 0;
 unsigned long g_saved_interval_us = 0;
 
+}  // namespace
+
 void prompt_gil_enter() {
 #if PY_VERSION_HEX < 0x030D0000
   std::lock_guard<std::mutex> lock(g_prompt_mu);
@@ -48,6 +51,8 @@ void prompt_gil_exit() {
   }
 #endif
 }
+
+namespace {
 
 void check_signals(void*) {
   nb::gil_scoped_acquire gil;
@@ -94,13 +99,18 @@ SourceList::SourceList(nb::handle iterable) {
     } else if (PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr())) {
       owned_.push_back(std::make_unique<FdSource>(nb::cast<int>(obj)));
       src = owned_.back().get();
+    } else if (nb::hasattr(obj, "hotloop_source")) {  // e.g. a MessageQueue reader
+      nb::object inner = obj.attr("hotloop_source");
+      src = nb::cast<Source*>(inner);
+      keep_.push_back(std::move(inner));  // select() reports the queue itself
     } else if (nb::hasattr(obj, "fileno")) {
       owned_.push_back(std::make_unique<FdSource>(nb::cast<int>(obj.attr("fileno")())));
       src = owned_.back().get();
     } else {
       throw nb::type_error(("cannot wait on an object of type " +
                             std::string(nb::type_name(obj.type()).c_str()) +
-                            ": pass an InputQueue, Flag, FdSource, a file descriptor, or an object with fileno()")
+                            ": pass an InputQueue, Flag, FdSource, MessageQueue reader, step notifier source, a file "
+                            "descriptor, or an object with fileno()")
                                .c_str());
     }
     if (ptrs_.size() == kMaxSources) throw nb::value_error("wait_any: at most 64 sources");
@@ -117,19 +127,32 @@ nb::list SourceList::select(uint64_t mask) const {
   return out;
 }
 
+ReleasedGil::ReleasedGil() : state_(PyEval_SaveThread()) {}
+
+ReleasedGil::~ReleasedGil() {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  if (finalizing) {
+    for (;;) pause();  // the process is exiting; this thread must not touch the interpreter again
+  }
+  PyEval_RestoreThread(state_);
+}
+
+const WaitHooks* signal_hooks() {
+  static const WaitHooks hooks{kSignalSliceNs, check_signals, nullptr};
+  return PyThread_get_thread_ident() == g_main_thread ? &hooks : nullptr;
+}
+
 uint64_t wait_released(Source* const* sources, size_t n, int64_t timeout_ns, WaitPolicy& policy,
                        WaitStats* stats, int64_t* woke_ns, bool prompt_gil) {
-  WaitHooks hooks;
-  const WaitHooks* hp = nullptr;
-  if (PyThread_get_thread_ident() == g_main_thread) {
-    hooks.slice_ns = kSignalSliceNs;
-    hooks.on_slice = check_signals;
-    hp = &hooks;
-  }
+  const WaitHooks* hp = signal_hooks();
   uint64_t mask;
   bool prompt = false;
   {
-    nb::gil_scoped_release release;
+    ReleasedGil released;
     mask = wait_any(sources, n, timeout_ns, policy, hp, stats);
     if (woke_ns) *woke_ns = now_ns();
     if (prompt_gil && mask != 0) {

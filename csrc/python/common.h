@@ -18,7 +18,8 @@ namespace nb = nanobind;
 // seconds (None = no deadline) -> nanoseconds (-1 = no deadline). Raises ValueError for negative or NaN.
 int64_t timeout_ns(const nb::object& timeout, const char* what);
 
-// The sources of a wait: Source instances, or file descriptors given as ints or objects with fileno().
+// The sources of a wait: Source instances, objects with a `hotloop_source` attribute (MessageQueue readers), or
+// file descriptors given as ints or objects with fileno().
 // Holds a reference to every object so none disappears while the GIL is released.
 class SourceList {
  public:
@@ -32,6 +33,21 @@ class SourceList {
   std::vector<nb::object> objects_;
   std::vector<Source*> ptrs_;
   std::vector<std::unique_ptr<Source>> owned_;  // FdSources made for ints / fileno() objects
+  std::vector<nb::object> keep_;                 // sources behind objects' `hotloop_source`
+};
+
+// Releases the GIL for a scope, like nb::gil_scoped_release, except that a thread coming back while the
+// interpreter is finalizing (a daemon thread whose wait ends at exit) parks forever instead of taking the GIL:
+// CPython < 3.14 would end it with pthread_exit, whose unwinding through C++ destructors aborts the process.
+class ReleasedGil {
+ public:
+  ReleasedGil();
+  ~ReleasedGil();
+  ReleasedGil(const ReleasedGil&) = delete;
+  ReleasedGil& operator=(const ReleasedGil&) = delete;
+
+ private:
+  PyThreadState* state_;
 };
 
 // Runs wait_any with the GIL released. On the main thread the park is sliced (100 ms) so that a pending
@@ -41,6 +57,15 @@ class SourceList {
 // ready, take the GIL back after ~50 us instead of the holder's full switch interval (see common.cpp).
 uint64_t wait_released(Source* const* sources, size_t n, int64_t timeout_ns, WaitPolicy& policy,
                        WaitStats* stats = nullptr, int64_t* woke_ns = nullptr, bool prompt_gil = false);
+
+// The hooks a core wait needs to stay interruptible by Ctrl-C on the main thread (nullptr elsewhere). The
+// hook takes the GIL to run Python's signal handlers: call the wait with the GIL released.
+const WaitHooks* signal_hooks();
+
+// Prompt GIL hand-over (see common.cpp): enter with the GIL released once a wait succeeded, exit after the GIL
+// is taken back.
+void prompt_gil_enter();
+void prompt_gil_exit();
 
 // Remembered at import: the thread that runs Python's signal handlers.
 void init_main_thread();
@@ -54,5 +79,6 @@ void bind_bench(nb::module_& m);
 void bind_step(nb::module_& m);
 void bind_cuda(nb::module_& m);
 void bind_nvtx(nb::module_& m);
+void bind_shm_ring(nb::module_& m);
 
 }  // namespace hotloop::py

@@ -18,12 +18,15 @@ NB_MODULE(_core, m) {
   nb::exception<hotloop::ClosedError>(m, "ClosedError", PyExc_RuntimeError);
   nb::exception<hotloop::SourceError>(m, "SourceError", PyExc_OSError);
 
+  // Objects alive at exit (held by daemon threads parked in a wait, or by tracebacks) are not bugs here.
+  nb::set_leak_warnings(false);
   hotloop::py::init_main_thread();
   hotloop::py::bind_wait(m);
   hotloop::py::bind_input_queue(m);
   hotloop::py::bind_step(m);
   hotloop::py::bind_cuda(m);
   hotloop::py::bind_nvtx(m);
+  hotloop::py::bind_shm_ring(m);
   hotloop::py::bind_bench(m);
 
   m.def("build_info", [] {

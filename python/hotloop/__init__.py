@@ -9,10 +9,12 @@ The primitives come from the C++ core (``hotloop._core``):
 - :class:`WaitPolicy`: the spin and yield budgets of a wait, fixed or adaptive.
 - :class:`HostStepNotifier`: "step N is done" for CPU engines, completed by the thread that runs the steps.
 - :class:`StepNotifier` (also ``hotloop.cuda.StepNotifier``): the same for work on CUDA streams.
+- :class:`MessageQueue`: one writer, many reader processes, over a shared-memory ring; readers are wait sources.
 """
 
 from queue import Empty
 
+from hotloop.message_queue import BadHandleError, DeadPeerError, MessageQueue
 from hotloop._core import (
     ClosedError,
     CudaError,
@@ -32,6 +34,9 @@ from hotloop._core import (
 )
 
 __all__ = [
+    "BadHandleError",
+    "DeadPeerError",
+    "MessageQueue",
     "ClosedError",
     "CudaError",
     "Empty",

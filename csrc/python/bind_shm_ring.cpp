@@ -1,0 +1,209 @@
+// Binding of ShmRing as hotloop._core.ShmRing: the byte-level ring under hotloop.MessageQueue (which adds
+// serialization, the handshake and remote readers in Python). Every wait runs with the GIL released and stays
+// interruptible by Ctrl-C on the main thread; copies of large messages run with the GIL released too.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "hotloop/errors.h"
+#include "hotloop/shm_ring.h"
+
+namespace hotloop::py {
+namespace {
+
+using namespace nb::literals;
+using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::memview>;
+
+// A buffer-protocol object owning `v` (no copy).
+nb::object to_python(std::vector<uint8_t>&& v) {
+  auto* owned = new std::vector<uint8_t>(std::move(v));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
+  return nb::cast(Bytes(owned->data(), {owned->size()}, owner));
+}
+
+DeadReaderPolicy parse_dead_reader(const std::string& s) {
+  if (s == "raise") return DeadReaderPolicy::kRaise;
+  if (s == "drop") return DeadReaderPolicy::kDrop;
+  throw nb::value_error(("dead_reader must be 'raise' or 'drop', not '" + s + "'").c_str());
+}
+
+// Buffers of the parts of one message, held (and released) around a GIL-free write.
+class PartBuffers {
+ public:
+  explicit PartBuffers(nb::handle parts) {
+    for (nb::handle h : parts) {
+      views_.emplace_back();
+      if (PyObject_GetBuffer(h.ptr(), &views_.back(), PyBUF_C_CONTIGUOUS) != 0) {
+        views_.pop_back();
+        throw nb::python_error();
+      }
+      parts_.push_back(ShmRing::Part{views_.back().buf, size_t(views_.back().len)});
+    }
+  }
+  ~PartBuffers() {
+    for (Py_buffer& v : views_) PyBuffer_Release(&v);
+  }
+  const ShmRing::Part* data() const { return parts_.data(); }
+  size_t size() const { return parts_.size(); }
+
+ private:
+  std::vector<Py_buffer> views_;
+  std::vector<ShmRing::Part> parts_;
+};
+
+struct PyShmRing {
+  std::unique_ptr<ShmRing> ring;
+  ShmRing::Message held;  // the message of the last read_view, until release()
+  bool viewing = false;
+
+  ShmRing& get() {
+    if (!ring) throw ClosedError("this ShmRing was closed");
+    return *ring;
+  }
+};
+
+void write(PyShmRing& self, nb::handle parts, const nb::object& timeout, WaitPolicy& policy) {
+  ShmRing& r = self.get();
+  int64_t t = timeout_ns(timeout, "ShmRing.write");
+  PartBuffers buffers(parts);
+  const WaitHooks* hooks = signal_hooks();
+  ReleasedGil released;
+  r.write(buffers.data(), buffers.size(), t, policy, hooks);
+}
+
+// Waits for the next message; returns it as an owned buffer (None on timeout).
+nb::object read(PyShmRing& self, const nb::object& timeout, WaitPolicy& policy) {
+  ShmRing& r = self.get();
+  if (self.viewing) throw std::logic_error("release() the message of read_view() before reading the next one");
+  int64_t t = timeout_ns(timeout, "ShmRing.read");
+  const WaitHooks* hooks = signal_hooks();
+  ShmRing::Message m;
+  bool got;
+  {
+    ReleasedGil released;
+    got = r.read(m, t, policy, hooks);
+    if (got && m.owned.empty()) {  // a view into the ring: copy it out so the ring space can be reused
+      m.owned.assign(m.data, m.data + m.size);
+      r.release();
+    }
+    if (got) prompt_gil_enter();
+  }
+  if (!got) return nb::none();
+  prompt_gil_exit();
+  return to_python(std::move(m.owned));
+}
+
+// Waits for the next message; returns a read-only memoryview of it, in ring memory when it fits one record.
+// Valid until release() (or the next read).
+nb::object read_view(PyShmRing& self, const nb::object& timeout, WaitPolicy& policy) {
+  ShmRing& r = self.get();
+  if (self.viewing) throw std::logic_error("release() the message of read_view() before reading the next one");
+  int64_t t = timeout_ns(timeout, "ShmRing.read_view");
+  const WaitHooks* hooks = signal_hooks();
+  bool got;
+  {
+    ReleasedGil released;
+    got = r.read(self.held, t, policy, hooks);
+  }
+  if (!got) return nb::none();
+  self.viewing = true;
+  return nb::steal(PyMemoryView_FromMemory(reinterpret_cast<char*>(const_cast<uint8_t*>(self.held.data)),
+                                           Py_ssize_t(self.held.size), PyBUF_READ));
+}
+
+void release(PyShmRing& self) {
+  if (!self.ring) return;
+  self.ring->release();
+  self.held = ShmRing::Message{};
+  self.viewing = false;
+}
+
+}  // namespace
+
+void bind_shm_ring(nb::module_& m) {
+  nb::exception<DeadPeerError>(m, "DeadPeerError", PyExc_RuntimeError);
+  nb::exception<BadHandleError>(m, "BadHandleError", PyExc_ValueError);
+  nb::exception<QueueTimeout>(m, "QueueTimeout", PyExc_TimeoutError);
+
+  nb::class_<PyShmRing>(m, "ShmRing",
+                        "One-writer, many-reader broadcast ring of byte messages in POSIX shared memory (see "
+                        "csrc/hotloop/shm_ring.h). hotloop.MessageQueue is the object-level API on top.")
+      .def_static(
+          "create",
+          [](uint64_t capacity, uint32_t n_readers, uint64_t max_message, const std::string& dead_reader,
+             const std::string& name) {
+            RingGeometry g{capacity, n_readers, max_message, parse_dead_reader(dead_reader)};
+            auto* r = new PyShmRing();
+            r->ring = std::make_unique<ShmRing>(ShmRing::create(g, name));
+            return r;
+          },
+          "capacity"_a, "n_readers"_a, "max_message"_a = 0, "dead_reader"_a = "raise", "name"_a = "",
+          nb::rv_policy::take_ownership, "Create the segment (this process is the writer).")
+      .def_static(
+          "attach",
+          [](const std::string& name, uint32_t rank, uint64_t capacity, uint32_t n_readers) {
+            auto* r = new PyShmRing();
+            r->ring = std::make_unique<ShmRing>(ShmRing::attach(name, rank, capacity, n_readers));
+            return r;
+          },
+          "name"_a, "rank"_a, "capacity"_a, "n_readers"_a, nb::rv_policy::take_ownership,
+          "Attach as reader `rank`. Raises BadHandleError for a wrong name, geometry or rank.")
+      .def("write", &write, "parts"_a, "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
+           "Write one message: the concatenation of `parts` (buffer-protocol objects), copied once.")
+      .def("read", &read, "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
+           "The next message as an owned buffer, or None on timeout.")
+      .def("read_view", &read_view, "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
+           "The next message as a read-only memoryview (zero-copy when it fits one record), valid until "
+           "release(); None on timeout.")
+      .def(
+          "wait_all_attached",
+          [](PyShmRing& s, const nb::object& timeout, WaitPolicy& policy) {
+            ShmRing& r = s.get();
+            int64_t t = timeout_ns(timeout, "ShmRing.wait_all_attached");
+            const WaitHooks* hooks = signal_hooks();
+            ReleasedGil released;
+            return r.wait_all_attached(t, policy, hooks);
+          },
+          "timeout"_a = nb::none(), "policy"_a = WaitPolicy(), "Writer: wait until every reader attached.")
+      .def(
+          "wait_readable",
+          [](PyShmRing& s, const nb::object& timeout, WaitPolicy& policy) {
+            ShmRing& r = s.get();
+            int64_t t = timeout_ns(timeout, "ShmRing.wait_readable");
+            const WaitHooks* hooks = signal_hooks();
+            ReleasedGil released;
+            return r.wait(t, policy, hooks);
+          },
+          "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
+          "Reader: wait until a message is readable (False on timeout); raises ClosedError / DeadPeerError.")
+      .def("release", &release, "Release the message of the last read_view().")
+      .def("readable", [](PyShmRing& s) { return s.get().readable(); },
+           "Whether a message is waiting (one atomic load).")
+      .def("shutdown", [](PyShmRing& s) { s.get().shutdown(); },
+           "Writer: no more messages; parked readers wake and get ClosedError once drained.")
+      .def("unlink", [](PyShmRing& s) { s.get().unlink(); }, "Remove the segment's name (mapped peers go on).")
+      .def("close", [](PyShmRing& s) {
+        release(s);
+        s.ring.reset();
+      }, "Unmap (a writer shuts the ring down and unlinks it first). Idempotent.")
+      .def_prop_ro("closed", [](PyShmRing& s) { return !s.ring; })
+      .def_prop_ro("source", [](PyShmRing& s) -> Source& { return s.get().source(); },
+                   nb::rv_policy::reference_internal, "Reader: the wait_any source (ready when readable).")
+      .def_prop_ro("name", [](PyShmRing& s) { return s.get().name(); })
+      .def_prop_ro("rank", [](PyShmRing& s) { return s.get().rank(); })
+      .def_prop_ro("capacity", [](PyShmRing& s) { return s.get().capacity(); })
+      .def_prop_ro("n_readers", [](PyShmRing& s) { return s.get().n_readers(); })
+      .def_prop_ro("attached_readers", [](PyShmRing& s) { return s.get().attached_readers(); })
+      .def_prop_ro("shut_down", [](PyShmRing& s) { return s.get().shut_down(); })
+      .def_prop_ro("messages_written", [](PyShmRing& s) { return s.get().messages_written(); })
+      .def_prop_ro("messages_read", [](PyShmRing& s) { return s.get().messages_read(); });
+  m.def("reap_stale_segments", &ShmRing::reap_stale_segments,
+        "Remove /dev/shm segments of hotloop queues whose creating process died; returns how many.");
+}
+
+}  // namespace hotloop::py

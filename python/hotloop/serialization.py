@@ -1,0 +1,108 @@
+"""Message serialization for hotloop.MessageQueue: pickle protocol 5 with out-of-band buffers.
+
+``dumps(obj)`` returns the parts of one message: a small header, the pickle stream, then every large buffer
+(numpy arrays, ``bytes``/``bytearray`` via PickleBuffer, CPU torch tensors) as it is in memory. The ring copies the
+parts once into shared memory, so a tensor costs one copy on write. ``loads(buffer)`` rebuilds the object with
+its arrays and tensors pointing into `buffer`: pass a buffer the caller owns (the queue hands each reader its
+own copy), never ring memory that will be reused.
+
+Header: ``<4s I I`` magic, number of out-of-band buffers, pickle length; then one ``<Q`` length per buffer.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import sys
+
+MAGIC = b"HLM1"
+_HEAD = struct.Struct("<4sII")
+
+
+def _rebuild_tensor(buf, dtype_name: str, shape: tuple, requires_grad: bool):
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    if buf is None:
+        t = torch.empty(shape, dtype=dtype)
+    else:
+        t = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+class _Pickler(pickle.Pickler):
+    """Sends CPU torch tensors as raw out-of-band bytes (torch's own pickling copies them in-band)."""
+
+    def __init__(self, file, buffer_callback):
+        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
+        self.keep_alive = []  # contiguous copies whose memory the buffers point at, until the write
+
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(obj, torch.Tensor) or type(obj) is not torch.Tensor:
+            return NotImplemented
+        if obj.device.type != "cpu" or obj.is_sparse or obj.is_quantized or obj.is_nested:
+            return NotImplemented
+        t = obj.detach()
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
+        t = t.contiguous()
+        dtype_name = str(t.dtype).removeprefix("torch.")
+        if t.numel() == 0:
+            return _rebuild_tensor, (None, dtype_name, tuple(t.shape), obj.requires_grad)
+        self.keep_alive.append(t)
+        raw = t.reshape(-1).view(torch.uint8)
+        view = (_c_bytes(raw.numel())).from_address(raw.data_ptr())
+        return _rebuild_tensor, (pickle.PickleBuffer(memoryview(view).cast("B")), dtype_name, tuple(t.shape),
+                                 obj.requires_grad)
+
+
+def _c_bytes(n: int):
+    import ctypes
+
+    return ctypes.c_ubyte * n
+
+
+def dumps(obj) -> tuple[list, list]:
+    """The parts of one message, and the objects that must stay alive until they are written."""
+    buffers = []
+
+    def out_of_band(pb: pickle.PickleBuffer):
+        try:
+            buffers.append(pb.raw())
+        except BufferError:  # not contiguous: pickled in-band instead
+            return True
+        return False
+
+    f = io.BytesIO()
+    pickler = _Pickler(f, out_of_band)
+    pickler.dump(obj)
+    data = f.getbuffer()
+    header = _HEAD.pack(MAGIC, len(buffers), data.nbytes) + struct.pack(f"<{len(buffers)}Q", *(b.nbytes for b in buffers))
+    return [header, data, *buffers], pickler.keep_alive
+
+
+def loads(buffer):
+    """Rebuild an object from one message (any buffer-protocol object, e.g. what ShmRing.read returns)."""
+    view = memoryview(buffer).cast("B")
+    if view.nbytes < _HEAD.size:
+        raise ValueError(f"corrupt message: {view.nbytes} bytes is shorter than a message header")
+    magic, n_buffers, n_pickle = _HEAD.unpack_from(view)
+    if magic != MAGIC:
+        raise ValueError(f"corrupt message: bad magic {bytes(magic)!r} (expected {MAGIC!r}); "
+                         "was it written by enqueue_bytes? read it with dequeue_bytes")
+    off = _HEAD.size
+    lengths = struct.unpack_from(f"<{n_buffers}Q", view, off)
+    off += 8 * n_buffers
+    if off + n_pickle + sum(lengths) != view.nbytes:
+        raise ValueError("corrupt message: its lengths do not add up to its size")
+    data = view[off:off + n_pickle]
+    off += n_pickle
+    oob = []
+    for n in lengths:
+        oob.append(view[off:off + n])
+        off += n
+    return pickle.loads(data, buffers=oob)

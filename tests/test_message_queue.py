@@ -1,0 +1,327 @@
+"""hotloop.MessageQueue across processes: delivery, tensors, full ring, shutdown, dead peers, bad input, asyncio,
+and no /dev/shm leftovers."""
+
+import asyncio
+import hashlib
+import multiprocessing as mp
+import os
+import pickle
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import hotloop
+from hotloop import ClosedError, DeadPeerError, MessageQueue, WaitPolicy
+
+CTX = mp.get_context("fork")
+RING = 1 << 16  # max_chunk_bytes below gives this ring size
+CHUNK = RING // 4 - 64
+
+
+def _segments():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("hotloop-")}
+
+
+@pytest.fixture(autouse=True)
+def no_shm_leftovers():
+    before = _segments()
+    yield
+    deadline = time.monotonic() + 2
+    while _segments() - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _segments() - before == set(), "a test left a segment in /dev/shm"
+
+
+def _payload(seq: int) -> bytes:
+    rng = random.Random(seq)
+    size = rng.randrange(4 * RING + 1) if rng.random() < 0.02 else rng.randrange(2048)
+    return rng.randbytes(size)
+
+
+def _reader_main(handle, rank, count, slow, results):
+    try:
+        q = MessageQueue.create_from_handle(handle, rank)
+        digest = hashlib.blake2b()
+        for seq in range(count):
+            msg = q.dequeue(timeout=30)
+            assert msg["seq"] == seq, f"rank {rank}: got message {msg['seq']}, expected {seq}"
+            assert msg["sum"] == hashlib.blake2b(msg["data"]).hexdigest(), f"rank {rank}: bad checksum at {seq}"
+            digest.update(msg["data"])
+            if slow and seq % 50 == 0:
+                time.sleep(0.002)
+        q.close()
+        results.put((rank, digest.hexdigest()))
+    except BaseException as e:  # report, do not hang the writer
+        results.put((rank, f"error: {e!r}"))
+
+
+def test_three_reader_processes_get_every_message_once_in_order():
+    count = 3000
+    for slow in (False, True):
+        q = MessageQueue(3, max_chunk_bytes=CHUNK)
+        results = CTX.Queue()
+        procs = [CTX.Process(target=_reader_main, args=(q.export_handle(), r, count, slow and r == 1, results))
+                 for r in range(3)]
+        for p in procs:
+            p.start()
+        q.wait_until_ready(timeout=30)
+        digest = hashlib.blake2b()
+        for seq in range(count):
+            data = _payload(seq)
+            digest.update(data)
+            q.enqueue({"seq": seq, "data": data, "sum": hashlib.blake2b(data).hexdigest()}, timeout=30)
+        got = dict(results.get(timeout=60) for _ in procs)
+        for p in procs:
+            p.join(30)
+        q.close()
+        assert got == {r: digest.hexdigest() for r in range(3)}
+
+
+def _tensors():
+    import torch
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    return {
+        "contiguous": base.clone(),
+        "non_contiguous": base.t(),
+        "zero_d": torch.tensor(3.5),
+        "empty": torch.empty(0, 3),
+        "bf16": torch.linspace(-2, 2, 10, dtype=torch.bfloat16),
+        "int64": torch.arange(5),
+        "bool": torch.tensor([True, False]),
+        "np": np.arange(12, dtype=np.float64).reshape(3, 4),
+        "np_non_contiguous": np.arange(12).reshape(3, 4)[:, ::2],
+        "np_empty": np.zeros((0,), dtype=np.int32),
+        "bytes": b"\x00\x01" * 1000,
+    }
+
+
+def test_tensors_and_arrays_round_trip_and_do_not_alias_the_ring():
+    torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs torch==2.13.0)")
+    with MessageQueue(1, max_chunk_bytes=CHUNK) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        sent = _tensors()
+        expected = {k: (v.clone() if isinstance(v, torch.Tensor) else v.copy() if isinstance(v, np.ndarray) else v)
+                    for k, v in sent.items()}
+        q.enqueue(sent)
+        sent["contiguous"].fill_(-1)  # mutating the original after enqueue changes nothing for readers
+        sent["np"][:] = -1
+        got = r.dequeue(timeout=5)
+        for k, v in expected.items():
+            if isinstance(v, torch.Tensor):
+                assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
+            elif isinstance(v, np.ndarray):
+                assert got[k].dtype == v.dtype and np.array_equal(got[k], v), k
+            else:
+                assert got[k] == v
+        # later messages reuse the ring; what the reader holds must not change
+        for _ in range(20):
+            q.enqueue({"contiguous": torch.full((4, 6), 7.0)})
+            r.dequeue(timeout=5)
+        assert torch.equal(got["contiguous"], expected["contiguous"])
+        got["contiguous"].add_(1)  # the reader's tensors are its own, writable
+        r.close()
+
+
+def test_bytes_path_and_zero_copy_view():
+    with MessageQueue(1, max_chunk_bytes=CHUNK) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.enqueue_bytes(b"raw message")
+        assert bytes(r.dequeue_bytes(timeout=5)) == b"raw message"
+        q.enqueue_bytes(memoryview(b"x" * 1000))
+        with r.acquire_read(timeout=5) as view:
+            assert view.readonly and view.nbytes == 1000 and view[:3].tobytes() == b"xxx"
+        with pytest.raises(ValueError):  # released at the end of the block
+            view[0]
+        with pytest.raises(TimeoutError):
+            with r.acquire_read(timeout=0.01):
+                pass
+        r.close()
+
+
+def test_full_ring_times_out_naming_the_slow_reader_and_shutdown_wakes_readers():
+    q = MessageQueue(2, max_chunk_bytes=1000)  # a 4 KiB ring
+    fast = MessageQueue.create_from_handle(q.export_handle(), 0)
+    slow = MessageQueue.create_from_handle(q.export_handle(), 1)
+    q.wait_until_ready(timeout=5)
+    with pytest.raises(TimeoutError, match=r"reader rank 1 \(pid \d+\) is \d+ bytes behind"):
+        for _ in range(100):
+            q.enqueue_bytes(b"x" * 900, timeout=0.05)
+            fast.dequeue_bytes(timeout=0)
+    n = slow._ring.messages_read
+    while slow.readable():
+        slow.dequeue_bytes(timeout=0)
+    assert slow._ring.messages_read > n
+    t0 = time.monotonic()
+    import threading
+
+    threading.Timer(0.05, q.shutdown).start()
+    with pytest.raises(ClosedError, match="shut down"):
+        fast.dequeue_bytes(timeout=10)  # parked, woken by shutdown
+    assert time.monotonic() - t0 < 2
+    with pytest.raises(ClosedError):
+        q.enqueue(1)
+    for x in (q, fast, slow):
+        x.close()
+
+
+def _attach_and_hang(handle, rank):
+    reader = MessageQueue.create_from_handle(handle, rank)  # held (not read from) until killed
+    time.sleep(60)
+    reader.close()
+
+
+def test_a_reader_killed_mid_stream_is_detected_within_a_second():
+    q = MessageQueue(2, max_chunk_bytes=1000)
+    live = MessageQueue.create_from_handle(q.export_handle(), 0)
+    p = CTX.Process(target=_attach_and_hang, args=(q.export_handle(), 1))
+    p.start()
+    q.wait_until_ready(timeout=10)
+    os.kill(p.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(DeadPeerError, match=rf"reader rank 1 \(pid {p.pid}\).*died"):
+        for _ in range(1000):
+            q.enqueue_bytes(b"y" * 900, timeout=10)
+            live.dequeue_bytes(timeout=1)
+    assert time.monotonic() - t0 < 1.5
+    p.join()
+    q.close()
+    live.close()
+
+
+def test_a_dead_reader_can_be_dropped():
+    q = MessageQueue(2, max_chunk_bytes=1000, dead_reader="drop")
+    live = MessageQueue.create_from_handle(q.export_handle(), 0)
+    p = CTX.Process(target=_attach_and_hang, args=(q.export_handle(), 1))
+    p.start()
+    q.wait_until_ready(timeout=10)
+    os.kill(p.pid, signal.SIGKILL)
+    for i in range(200):
+        q.enqueue({"i": i}, timeout=10)
+        assert live.dequeue(timeout=1) == {"i": i}
+    p.join()
+    q.close()
+    live.close()
+
+
+def _writer_then_die(handle_pipe):
+    q = MessageQueue(1, max_chunk_bytes=1000)
+    handle_pipe.send(q.export_handle())
+    q.wait_until_ready(timeout=10)
+    q.enqueue("last words")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_writer_is_detected_by_a_parked_reader_and_leaves_no_segment():
+    parent, child = CTX.Pipe()
+    p = CTX.Process(target=_writer_then_die, args=(child,))
+    p.start()
+    r = MessageQueue.create_from_handle(parent.recv(), 0)
+    assert r.dequeue(timeout=10) == "last words"
+    t0 = time.monotonic()
+    with pytest.raises(DeadPeerError, match="writer .* died"):
+        r.dequeue(timeout=10)
+    assert time.monotonic() - t0 < 1.5
+    p.join()
+    r.close()
+    parent.close()
+    child.close()
+
+
+def test_bad_input_gives_clear_errors_and_loses_nothing():
+    q = MessageQueue(2, max_chunk_bytes=1000, max_message_bytes=5000)
+    h = q.export_handle()
+    with pytest.raises(hotloop.BadHandleError, match="out of range"):
+        MessageQueue.create_from_handle(h, 2)
+    r0 = MessageQueue.create_from_handle(h, 0)
+    with pytest.raises(hotloop.BadHandleError, match="already attached"):
+        MessageQueue.create_from_handle(h, 0)
+    forged = type(h)(h.version, h.name, h.capacity * 2, h.n_local_reader, h.writer_pid)
+    with pytest.raises(hotloop.BadHandleError, match="corrupt or from another queue"):
+        MessageQueue.create_from_handle(forged, 1)
+    with pytest.raises(hotloop.BadHandleError, match="version 99"):
+        MessageQueue.create_from_handle(type(h)(99, h.name, h.capacity, 2, 0), 1)
+    with pytest.raises(hotloop.BadHandleError, match="no shared-memory segment"):
+        MessageQueue.create_from_handle(type(h)(1, "/hotloop-gone", h.capacity, 2, 0), 1)
+    with pytest.raises(hotloop.BadHandleError):
+        MessageQueue.create_from_handle("not a handle", 1)
+    r1 = MessageQueue.create_from_handle(h, 1)
+    with pytest.raises(ValueError, match="exceeds the maximum of 5000 bytes"):
+        q.enqueue_bytes(b"z" * 6000)
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        q.enqueue({"fn": lambda: 1})
+    q.enqueue("after the errors")
+    assert r0.dequeue(timeout=5) == "after the errors" and r1.dequeue(timeout=5) == "after the errors"
+    assert not r0.readable()
+    with pytest.raises(TimeoutError):
+        r0.dequeue(timeout=0.01)
+    for x in (q, r0, r1):
+        x.close()
+    with pytest.raises(ClosedError):
+        q.enqueue(1)
+
+
+def test_readers_are_wait_any_sources():
+    with MessageQueue(1, max_chunk_bytes=CHUNK) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        inputs = hotloop.InputQueue()
+        assert hotloop.wait_any([r, inputs], timeout=0.01) == []
+        q.enqueue("hello")
+        assert hotloop.wait_any([r, inputs], timeout=1) == [r]
+        assert r.dequeue(timeout=0) == "hello"
+        r.close()
+
+
+def test_dequeue_async_many_concurrent_readers_idle_at_no_cpu():
+    n = 4
+    q = MessageQueue(n, max_chunk_bytes=CHUNK)
+    readers = [MessageQueue.create_from_handle(q.export_handle(), i) for i in range(n)]
+
+    async def main():
+        async def consume(r):
+            return [await r.dequeue_async(timeout=10) for _ in range(50)]
+
+        tasks = [asyncio.create_task(consume(r)) for r in readers]
+        await asyncio.sleep(0.05)
+        for i in range(50):
+            q.enqueue(i)
+            await asyncio.sleep(0)
+        got = await asyncio.gather(*tasks)
+        assert all(g == list(range(50)) for g in got)
+        # idle: every reader awaits a message that does not come
+        c0, t0 = time.process_time(), time.monotonic()
+        with pytest.raises(TimeoutError):
+            await asyncio.gather(*(r.dequeue_async(timeout=1.0) for r in readers))
+        return (time.process_time() - c0) / (time.monotonic() - t0)
+
+    cpu = asyncio.run(main())
+    assert cpu < 0.05, f"asyncio readers used {cpu:.1%} of a core while idle"
+    for x in (q, *readers):
+        x.close()
+
+
+def test_no_lost_wake_up_between_publish_and_park():
+    q = MessageQueue(1, max_chunk_bytes=CHUNK, policy=WaitPolicy(spin_us=0, yield_us=0))
+    back = MessageQueue(1, max_chunk_bytes=CHUNK, policy=WaitPolicy(spin_us=0, yield_us=0))
+    park = WaitPolicy(spin_us=0, yield_us=0)
+    rounds = 3000
+
+    def echo(h_in, h_out):
+        r = MessageQueue.create_from_handle(h_in, 0, policy=park)
+        w = back  # the inherited writer
+        for _ in range(rounds):
+            w.enqueue_bytes(r.dequeue_bytes(timeout=5), timeout=5)
+
+    p = CTX.Process(target=echo, args=(q.export_handle(), back.export_handle()))
+    p.start()
+    r = MessageQueue.create_from_handle(back.export_handle(), 0, policy=park)
+    for i in range(rounds):
+        q.enqueue_bytes(i.to_bytes(4, "little"), timeout=5)
+        assert int.from_bytes(r.dequeue_bytes(timeout=5), "little") == i, f"lost wake-up at round {i}"
+    p.join(10)
+    assert p.exitcode == 0
+    for x in (q, back, r):
+        x.close()
