@@ -10,11 +10,11 @@
 //
 // Writer: write(parts) copies the parts into the ring (the one copy), waiting with the wait policy while the
 // slowest live reader is a full ring behind; the timeout error names that reader. A reader whose process died
-// is detected within ~250 ms while the writer waits, and either raises (DeadPeerError) or is dropped
+// is detected within ~500 ms while the writer waits, and either raises (DeadPeerError) or is dropped
 // (DeadReaderPolicy::kDrop: its cursor no longer holds the writer back). Readers: read() returns the next
 // message: a zero-copy view of ring memory for a message in one record (valid until release()), or an owned
 // buffer assembled from its fragments. A reader waiting for data notices shutdown (ClosedError) and a dead
-// writer (DeadPeerError) within ~250 ms; messages published before either are still delivered.
+// writer (DeadPeerError) within ~500 ms; messages published before either are still delivered.
 //
 // Lifetime: the creator sets the segment up; attach() maps it by name and checks magic, version, geometry and
 // rank. The name is unlinked as soon as every reader has attached (so a later SIGKILL leaves nothing in
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "hotloop/doorbell.h"
+#include "hotloop/owned_bytes.h"
 #include "hotloop/source.h"
 #include "hotloop/wait_any.h"
 #include "hotloop/wait_policy.h"
@@ -95,7 +96,7 @@ class ShmRing {
   // ---- writer ----
   // Writes one message made of the concatenated parts. timeout_ns < 0: no deadline. Throws QueueTimeout
   // (naming the slowest reader), DeadPeerError, ClosedError (after shutdown), std::length_error (> max_message).
-  // `hook` (may be null) runs every ~100 ms while waiting (the Python binding checks for Ctrl-C there).
+  // `hooks` (may be null) slice the wait (the Python binding checks for Ctrl-C there).
   struct Part {
     const void* data;
     size_t size;
@@ -103,6 +104,9 @@ class ShmRing {
   void write(const Part* parts, size_t n, int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks = nullptr);
   // Marks the ring shut down and wakes every parked reader (they get ClosedError once drained).
   void shutdown() noexcept;
+  // Writes a message only if it fits one record and the ring has room now (never waits); false otherwise.
+  // For callers that can write without releasing a lock (the Python binding keeps the GIL for it).
+  bool try_write(const Part* parts, size_t n);
   uint64_t messages_written() const noexcept { return next_seq_; }
 
   // ---- reader ----
@@ -110,7 +114,7 @@ class ShmRing {
   struct Message {
     const uint8_t* data = nullptr;
     size_t size = 0;
-    std::vector<uint8_t> owned;
+    OwnedBytes owned;
     uint64_t seq = 0;
   };
   // Whether a message (or a pad to skip) is waiting: one atomic load, no system call.
@@ -143,7 +147,7 @@ class ShmRing {
   uint64_t next_seq_ = 0;     // writer: next sequence to write; reader: next expected
   uint64_t pending_release_ = 0;  // reader: bytes to advance on release()
   ReaderSource* source_ = nullptr;
-  std::vector<uint8_t> partial_;  // reader: a fragmented message being assembled
+  OwnedBytes partial_;  // reader: a fragmented message being assembled
   uint64_t partial_seq_ = 0;
   uint64_t partial_filled_ = 0;
   bool assembling_ = false;

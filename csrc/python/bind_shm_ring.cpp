@@ -5,6 +5,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,11 +20,20 @@ namespace {
 using namespace nb::literals;
 using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::memview>;
 
-// A buffer-protocol object owning `v` (no copy).
-nb::object to_python(std::vector<uint8_t>&& v) {
-  auto* owned = new std::vector<uint8_t>(std::move(v));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
+// A writable memoryview owning `b` (no copy).
+nb::object to_python(OwnedBytes&& b) {
+  auto* owned = new OwnedBytes(std::move(b));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<OwnedBytes*>(p); });
   return nb::cast(Bytes(owned->data(), {owned->size()}, owner));
+}
+
+// The message of `m` as an owned buffer; a view into the ring is copied out and released.
+OwnedBytes take_owned(ShmRing& r, ShmRing::Message& m) {
+  if (!m.owned.empty()) return std::move(m.owned);
+  OwnedBytes b(m.size);
+  std::memcpy(b.data(), m.data, m.size);
+  r.release();
+  return b;
 }
 
 DeadReaderPolicy parse_dead_reader(const std::string& s) {
@@ -71,6 +81,7 @@ void write(PyShmRing& self, nb::handle parts, const nb::object& timeout, WaitPol
   ShmRing& r = self.get();
   int64_t t = timeout_ns(timeout, "ShmRing.write");
   PartBuffers buffers(parts);
+  if (r.try_write(buffers.data(), buffers.size())) return;  // room now: no need to let go of the GIL
   const WaitHooks* hooks = signal_hooks();
   ReleasedGil released;
   r.write(buffers.data(), buffers.size(), t, policy, hooks);
@@ -83,19 +94,21 @@ nb::object read(PyShmRing& self, const nb::object& timeout, WaitPolicy& policy) 
   int64_t t = timeout_ns(timeout, "ShmRing.read");
   const WaitHooks* hooks = signal_hooks();
   ShmRing::Message m;
+  // A message already there is taken without letting go of the GIL (zero timeout: never waits).
+  if (r.readable() && r.read(m, 0, policy, nullptr)) return to_python(take_owned(r, m));
+  OwnedBytes owned;
   bool got;
   {
     ReleasedGil released;
     got = r.read(m, t, policy, hooks);
-    if (got && m.owned.empty()) {  // a view into the ring: copy it out so the ring space can be reused
-      m.owned.assign(m.data, m.data + m.size);
-      r.release();
+    if (got) {
+      owned = take_owned(r, m);  // large copies run without the GIL too
+      prompt_gil_enter();
     }
-    if (got) prompt_gil_enter();
   }
   if (!got) return nb::none();
   prompt_gil_exit();
-  return to_python(std::move(m.owned));
+  return to_python(std::move(owned));
 }
 
 // Waits for the next message; returns a read-only memoryview of it, in ring memory when it fits one record.

@@ -209,7 +209,7 @@ class MessageQueue:
 class _ReadableWatcher:
     """One thread per asyncio reader: waits (GIL released, parked when idle) until the ring is readable, shut
     down or its writer dead, then wakes the awaiting coroutines. Not a thread per message, and no polling timer:
-    the writer's publish wakes it (it re-checks for stop() every 250 ms, when it also checks that the writer lives)."""
+    the writer's publish wakes it (it re-checks for stop() every 250 ms)."""
 
     def __init__(self, ring):
         self._ring = ring

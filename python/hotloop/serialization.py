@@ -11,10 +11,13 @@ Header: ``<4s I I`` magic, number of out-of-band buffers, pickle length; then on
 
 from __future__ import annotations
 
+import copyreg
+import ctypes
 import io
 import pickle
 import struct
 import sys
+import threading
 
 MAGIC = b"HLM1"
 _HEAD = struct.Struct("<4sII")
@@ -33,61 +36,81 @@ def _rebuild_tensor(buf, dtype_name: str, shape: tuple, requires_grad: bool):
     return t
 
 
-class _Pickler(pickle.Pickler):
-    """Sends CPU torch tensors as raw out-of-band bytes (torch's own pickling copies them in-band)."""
+def _reduce_tensor(obj, keep_alive: list):
+    """CPU tensors go out-of-band as raw bytes (torch's own pickling copies them in-band)."""
+    import torch
 
-    def __init__(self, file, buffer_callback):
-        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
-        self.keep_alive = []  # contiguous copies whose memory the buffers point at, until the write
-
-    def reducer_override(self, obj):
-        torch = sys.modules.get("torch")
-        if torch is None or not isinstance(obj, torch.Tensor) or type(obj) is not torch.Tensor:
-            return NotImplemented
-        if obj.device.type != "cpu" or obj.is_sparse or obj.is_quantized or obj.is_nested:
-            return NotImplemented
-        t = obj.detach()
-        if t.is_conj() or t.is_neg():
-            t = t.resolve_conj().resolve_neg()
-        t = t.contiguous()
-        dtype_name = str(t.dtype).removeprefix("torch.")
-        if t.numel() == 0:
-            return _rebuild_tensor, (None, dtype_name, tuple(t.shape), obj.requires_grad)
-        self.keep_alive.append(t)
-        raw = t.reshape(-1).view(torch.uint8)
-        view = (_c_bytes(raw.numel())).from_address(raw.data_ptr())
-        return _rebuild_tensor, (pickle.PickleBuffer(memoryview(view).cast("B")), dtype_name, tuple(t.shape),
-                                 obj.requires_grad)
+    if obj.device.type != "cpu" or obj.is_sparse or obj.is_quantized or obj.is_nested:
+        return obj.__reduce_ex__(5)
+    t = obj.detach()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    t = t.contiguous()
+    dtype_name = str(t.dtype).removeprefix("torch.")
+    if t.numel() == 0:
+        return _rebuild_tensor, (None, dtype_name, tuple(t.shape), obj.requires_grad)
+    keep_alive.append(t)  # the buffer below points into t's memory until the message is written
+    raw = t.reshape(-1).view(torch.uint8)
+    view = (ctypes.c_ubyte * raw.numel()).from_address(raw.data_ptr())
+    return _rebuild_tensor, (pickle.PickleBuffer(memoryview(view).cast("B")), dtype_name, tuple(t.shape),
+                             obj.requires_grad)
 
 
-def _c_bytes(n: int):
-    import ctypes
+class _Encoder(threading.local):
+    """A pickler kept per thread (building one per message costs more than pickling a small one)."""
 
-    return ctypes.c_ubyte * n
+    def __init__(self):
+        self.file = io.BytesIO()
+        self.buffers = []
+        self.keep_alive = []
+        self.pickler = pickle.Pickler(self.file, protocol=5, buffer_callback=self._out_of_band)
+        self.torch_registered = False
 
-
-def dumps(obj) -> tuple[list, list]:
-    """The parts of one message, and the objects that must stay alive until they are written."""
-    buffers = []
-
-    def out_of_band(pb: pickle.PickleBuffer):
+    def _out_of_band(self, pb: pickle.PickleBuffer):
         try:
-            buffers.append(pb.raw())
+            self.buffers.append(pb.raw())
         except BufferError:  # not contiguous: pickled in-band instead
             return True
         return False
 
-    f = io.BytesIO()
-    pickler = _Pickler(f, out_of_band)
-    pickler.dump(obj)
-    data = f.getbuffer()
-    header = _HEAD.pack(MAGIC, len(buffers), data.nbytes) + struct.pack(f"<{len(buffers)}Q", *(b.nbytes for b in buffers))
-    return [header, data, *buffers], pickler.keep_alive
+    def register_torch(self):
+        torch = sys.modules.get("torch")
+        if torch is None or self.torch_registered:
+            return
+        table = dict(copyreg.dispatch_table)
+        table[torch.Tensor] = lambda t: _reduce_tensor(t, self.keep_alive)
+        self.pickler.dispatch_table = table  # consulted by exact type, in C: other objects pay nothing
+        self.torch_registered = True
+
+
+_ENCODER = _Encoder()
+
+
+def dumps(obj) -> tuple[list, list]:
+    """The parts of one message, and the objects that must stay alive until they are written."""
+    enc = _ENCODER
+    enc.register_torch()
+    enc.file.seek(0)
+    enc.file.truncate()
+    enc.buffers, enc.keep_alive = [], []
+    enc.pickler.clear_memo()
+    try:
+        enc.pickler.dump(obj)
+    finally:
+        buffers, keep_alive = enc.buffers, enc.keep_alive
+        enc.buffers, enc.keep_alive = [], []
+    data = enc.file.getvalue()
+    header = _HEAD.pack(MAGIC, len(buffers), len(data))
+    if buffers:
+        header += struct.pack(f"<{len(buffers)}Q", *(b.nbytes for b in buffers))
+    return [header, data, *buffers], keep_alive
 
 
 def loads(buffer):
     """Rebuild an object from one message (any buffer-protocol object, e.g. what ShmRing.read returns)."""
-    view = memoryview(buffer).cast("B")
+    view = memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
     if view.nbytes < _HEAD.size:
         raise ValueError(f"corrupt message: {view.nbytes} bytes is shorter than a message header")
     magic, n_buffers, n_pickle = _HEAD.unpack_from(view)
@@ -95,6 +118,10 @@ def loads(buffer):
         raise ValueError(f"corrupt message: bad magic {bytes(magic)!r} (expected {MAGIC!r}); "
                          "was it written by enqueue_bytes? read it with dequeue_bytes")
     off = _HEAD.size
+    if n_buffers == 0:
+        if off + n_pickle != view.nbytes:
+            raise ValueError("corrupt message: its lengths do not add up to its size")
+        return pickle.loads(view[off:])
     lengths = struct.unpack_from(f"<{n_buffers}Q", view, off)
     off += 8 * n_buffers
     if off + n_pickle + sum(lengths) != view.nbytes:
