@@ -5,7 +5,8 @@
 // ping-pong (two atomics, pause loop); hotloop parked wait vs a bare futex ping-pong (raw FUTEX_WAIT/WAKE).
 // The spin-iteration cost is measured inside wait_any itself: a wait on three never-ready sources with a
 // spin-only policy, elapsed time divided by the iterations it reports. At the end the binary prints the
-// ratios (hotloop / baseline) from the medians of --benchmark_repetitions runs.
+// ratios (hotloop / baseline) from the medians of --benchmark_repetitions runs. The message queue's ring is
+// judged the same way: a 64-byte message each way through two ShmRings vs the bare cache-line ping-pong.
 #include <benchmark/benchmark.h>
 #include <pthread.h>
 #include <sched.h>
@@ -23,6 +24,7 @@
 #include "hotloop/flag.h"
 #include "hotloop/futex.h"
 #include "hotloop/input_queue.h"
+#include "hotloop/shm_ring.h"
 #include "hotloop/wait_any.h"
 
 namespace hotloop {
@@ -178,6 +180,35 @@ void hotloop_ping_pong(benchmark::State& state, WaitPolicy policy) {
 void BM_PingPong_HotloopSpin(benchmark::State& state) { hotloop_ping_pong(state, WaitPolicy(1'000'000'000, 0, false)); }
 BENCHMARK(BM_PingPong_HotloopSpin)->UseRealTime();
 
+// A 64-byte message each way through two shared-memory rings (the message queue's core), spinning readers:
+// judged against the bare cache-line ping-pong.
+void BM_PingPong_ShmRingSpin(benchmark::State& state) {
+  RingGeometry g;
+  g.capacity = 1 << 16;
+  ShmRing ab_w = ShmRing::create(g), ba_w = ShmRing::create(g);
+  ShmRing ab_r = ShmRing::attach(ab_w.name(), 0, g.capacity, 1);
+  ShmRing ba_r = ShmRing::attach(ba_w.name(), 0, g.capacity, 1);
+  std::atomic<bool> stop{false};
+  WaitPolicy pa(1'000'000'000, 0, false), pb(1'000'000'000, 0, false);
+  char msg[64] = {};
+  ShmRing::Part part{msg, sizeof msg};
+  ShmRing::Message ma, mb;
+  auto side_a = [&]() -> bool {
+    ab_w.write(&part, 1, -1, pa);
+    if (stop.load()) return true;
+    ba_r.read(ma, 10'000'000'000, pa);
+    return true;
+  };
+  auto side_b = [&]() -> bool {
+    ab_r.read(mb, 10'000'000'000, pb);
+    if (stop.load()) return false;
+    ba_w.write(&part, 1, -1, pb);
+    return true;
+  };
+  run_ping_pong(state, side_a, side_b, stop);
+}
+BENCHMARK(BM_PingPong_ShmRingSpin)->UseRealTime();
+
 // Bare futex ping-pong: the floor for "a sleeping thread is woken by another".
 void BM_PingPong_BareFutex(benchmark::State& state) {
   alignas(kCacheLine) std::atomic<uint32_t> ping{0};
@@ -238,6 +269,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
     };
     ratio("wake-up while spinning:", "BM_PingPong_HotloopSpin", "BM_PingPong_BareCacheLine", 2.0);
     ratio("wake-up from park:", "BM_PingPong_HotloopPark", "BM_PingPong_BareFutex", 1.5);
+    ratio("64 B message through ShmRing:", "BM_PingPong_ShmRingSpin", "BM_PingPong_BareCacheLine", 2.0);
   }
 
  private:

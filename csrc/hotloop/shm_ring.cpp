@@ -99,8 +99,9 @@ struct ShmRing::Layout {
 class ShmRing::ReaderSource final : public Source {
  public:
   ReaderSource(Layout* l, ReaderSlot* slot) : l_(l), slot_(slot) {}
+  // seq_cst loads (plain loads on x86): the writer publishes with ring_if_parked (see doorbell.h).
   bool ready() const noexcept override {
-    return l_->write_pos.load(std::memory_order_acquire) != slot_->read_pos.load(std::memory_order_relaxed) ||
+    return l_->write_pos.load(std::memory_order_seq_cst) != slot_->read_pos.load(std::memory_order_relaxed) ||
            l_->state.load(std::memory_order_acquire) != 0;
   }
   Doorbell* doorbell() noexcept override { return &l_->data_bell; }
@@ -247,7 +248,8 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
 
 ShmRing::ShmRing(ShmRing&& o) noexcept
     : layout_(o.layout_), map_size_(o.map_size_), name_(std::move(o.name_)), rank_(o.rank_), linked_(o.linked_),
-      next_seq_(o.next_seq_), pending_release_(o.pending_release_), source_(o.source_),
+      next_seq_(o.next_seq_), pending_release_(o.pending_release_), reader_floor_(o.reader_floor_),
+      source_(o.source_),
       partial_(std::move(o.partial_)), partial_seq_(o.partial_seq_), partial_filled_(o.partial_filled_),
       assembling_(o.assembling_) {
   o.layout_ = nullptr;
@@ -309,7 +311,7 @@ uint64_t ShmRing::slowest_reader_pos(int* slowest_rank) noexcept {
   for (uint32_t i = 0; i < l->n_readers; ++i) {
     ReaderSlot& s = l->readers()[i];
     if (s.dropped.load(std::memory_order_acquire)) continue;
-    uint64_t p = s.read_pos.load(std::memory_order_acquire);
+    uint64_t p = s.read_pos.load(std::memory_order_seq_cst);  // readers release with ring_if_parked
     if (p < min_pos) {
       min_pos = p;
       if (slowest_rank) *slowest_rank = int(i);
@@ -321,7 +323,13 @@ uint64_t ShmRing::slowest_reader_pos(int* slowest_rank) noexcept {
 void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
   Layout* l = layout_;
   const uint64_t pos = l->write_pos.load(std::memory_order_relaxed);
-  auto has_space = [&] { return pos + need - slowest_reader_pos(nullptr) <= l->capacity; };
+  // The slowest reader's position as last read: reading the readers' cache lines only when that is not
+  // enough saves a cache-line transfer per message.
+  if (pos + need - reader_floor_ <= l->capacity) return;
+  auto has_space = [&] {
+    reader_floor_ = slowest_reader_pos(nullptr);
+    return pos + need - reader_floor_ <= l->capacity;
+  };
   if (has_space()) return;
   SpaceSource src;
   src.state = &l->state;
@@ -396,8 +404,8 @@ void ShmRing::put_record(uint32_t kind, uint64_t seq, const Part* parts, size_t 
     left -= take;
     skip = 0;
   }
-  l->write_pos.store(pos + rec, std::memory_order_release);
-  l->data_bell.ring();
+  l->write_pos.store(pos + rec, std::memory_order_seq_cst);
+  l->data_bell.ring_if_parked();
 }
 
 bool ShmRing::try_write(const Part* parts, size_t n) {
@@ -411,7 +419,10 @@ bool ShmRing::try_write(const Part* parts, size_t n) {
   const uint64_t rec = kRecordHeader + align8(total);
   const uint64_t tail = l->capacity - (pos & (l->capacity - 1));
   const uint64_t need = tail < rec ? tail + rec : rec;
-  if (pos + need - slowest_reader_pos(nullptr) > l->capacity) return false;
+  if (pos + need - reader_floor_ > l->capacity) {
+    reader_floor_ = slowest_reader_pos(nullptr);
+    if (pos + need - reader_floor_ > l->capacity) return false;
+  }
   WaitPolicy unused;
   put_record(kWhole, next_seq_++, parts, n, 0, total, kForever, unused, nullptr);  // has room: never waits
   return true;
@@ -470,9 +481,9 @@ bool ShmRing::readable() const noexcept {
 void ShmRing::release() noexcept {
   if (pending_release_ == 0 || is_writer()) return;
   ReaderSlot& slot = layout_->readers()[rank_];
-  slot.read_pos.store(slot.read_pos.load(std::memory_order_relaxed) + pending_release_, std::memory_order_release);
+  slot.read_pos.store(slot.read_pos.load(std::memory_order_relaxed) + pending_release_, std::memory_order_seq_cst);
   pending_release_ = 0;
-  layout_->space_bell.ring();
+  layout_->space_bell.ring_if_parked();
 }
 
 bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
@@ -501,19 +512,26 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
   Layout* l = layout_;
   ReaderSlot& slot = l->readers()[rank_];
   const uint64_t mask = l->capacity - 1;
-  const int64_t start = now_ns();
-  const int64_t deadline = timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns;
+  int64_t deadline = 0;  // computed when the first wait needs it (a message already there costs no clock read)
+  bool have_deadline = false;
   auto corrupt = [&](const std::string& what) {
     return std::runtime_error("queue " + name_ + ": corrupt record at byte " +
                               std::to_string(slot.read_pos.load()) + " (" + what + "); the segment was "
                               "overwritten by something other than its writer: recreate the queue");
   };
   auto advance = [&](uint64_t bytes) {
-    slot.read_pos.store(slot.read_pos.load(std::memory_order_relaxed) + bytes, std::memory_order_release);
-    l->space_bell.ring();
+    slot.read_pos.store(slot.read_pos.load(std::memory_order_relaxed) + bytes, std::memory_order_seq_cst);
+    l->space_bell.ring_if_parked();
   };
   for (;;) {
-    if (!wait_readable(deadline, policy, hooks)) return false;
+    if (!readable()) {
+      if (!have_deadline) {
+        const int64_t start = now_ns();
+        deadline = timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns;
+        have_deadline = true;
+      }
+      if (!wait_readable(deadline, policy, hooks)) return false;
+    }
     uint64_t pos = slot.read_pos.load(std::memory_order_relaxed);
     uint64_t tail = l->capacity - (pos & mask);
     if (tail < kRecordHeader) {

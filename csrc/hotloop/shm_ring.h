@@ -146,6 +146,7 @@ class ShmRing {
   bool linked_ = false;
   uint64_t next_seq_ = 0;     // writer: next sequence to write; reader: next expected
   uint64_t pending_release_ = 0;  // reader: bytes to advance on release()
+  uint64_t reader_floor_ = 0;     // writer: the slowest reader's position when last read (never ahead of it)
   ReaderSource* source_ = nullptr;
   OwnedBytes partial_;  // reader: a fragmented message being assembled
   uint64_t partial_seq_ = 0;

@@ -129,6 +129,16 @@ nb::object read_view(PyShmRing& self, const nb::object& timeout, WaitPolicy& pol
                                            Py_ssize_t(self.held.size), PyBUF_READ));
 }
 
+// A ring wait (wait_all_attached, wait) with the GIL released.
+template <bool (ShmRing::*Wait)(int64_t, WaitPolicy&, const WaitHooks*)>
+bool released_wait(PyShmRing& self, const nb::object& timeout, WaitPolicy& policy) {
+  ShmRing& r = self.get();
+  int64_t t = timeout_ns(timeout, "ShmRing wait");
+  const WaitHooks* hooks = signal_hooks();
+  ReleasedGil released;
+  return (r.*Wait)(t, policy, hooks);
+}
+
 void release(PyShmRing& self) {
   if (!self.ring) return;
   self.ring->release();
@@ -173,26 +183,9 @@ void bind_shm_ring(nb::module_& m) {
       .def("read_view", &read_view, "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
            "The next message as a read-only memoryview (zero-copy when it fits one record), valid until "
            "release(); None on timeout.")
-      .def(
-          "wait_all_attached",
-          [](PyShmRing& s, const nb::object& timeout, WaitPolicy& policy) {
-            ShmRing& r = s.get();
-            int64_t t = timeout_ns(timeout, "ShmRing.wait_all_attached");
-            const WaitHooks* hooks = signal_hooks();
-            ReleasedGil released;
-            return r.wait_all_attached(t, policy, hooks);
-          },
-          "timeout"_a = nb::none(), "policy"_a = WaitPolicy(), "Writer: wait until every reader attached.")
-      .def(
-          "wait_readable",
-          [](PyShmRing& s, const nb::object& timeout, WaitPolicy& policy) {
-            ShmRing& r = s.get();
-            int64_t t = timeout_ns(timeout, "ShmRing.wait_readable");
-            const WaitHooks* hooks = signal_hooks();
-            ReleasedGil released;
-            return r.wait(t, policy, hooks);
-          },
-          "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
+      .def("wait_all_attached", &released_wait<&ShmRing::wait_all_attached>, "timeout"_a = nb::none(),
+           "policy"_a = WaitPolicy(), "Writer: wait until every reader attached.")
+      .def("wait_readable", &released_wait<&ShmRing::wait>, "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
           "Reader: wait until a message is readable (False on timeout); raises ClosedError / DeadPeerError.")
       .def("release", &release, "Release the message of the last read_view().")
       .def("readable", [](PyShmRing& s) { return s.get().readable(); },
