@@ -121,12 +121,14 @@ class _Zmq:
     def side_a(self):
         import zmq
 
-        self.s = zmq.Context.instance().socket(zmq.PAIR)
+        self.ctx = zmq.Context()  # its own, terminated in close(): no zmq context may be alive at a fork
+        self.s = self.ctx.socket(zmq.PAIR)
         self.s.bind(self.path)
         return self.s.send, self.s.recv
 
     def close(self):
         self.s.close(linger=0)
+        self.ctx.term()
 
 
 def _peers():
