@@ -325,3 +325,26 @@ def test_no_lost_wake_up_between_publish_and_park():
     assert p.exitcode == 0
     for x in (q, back, r):
         x.close()
+
+
+def _close_inherited(q, r):
+    q.close()  # copies inherited through fork: closing them here must not touch the parent's queue
+    r.close()
+
+
+def test_closing_inherited_copies_in_a_forked_child_leaves_the_parents_queue_alone():
+    q = MessageQueue(1, max_chunk_bytes=1000)
+    r = MessageQueue.create_from_handle(q.export_handle(), 0)
+    p = CTX.Process(target=_close_inherited, args=(q, r))
+    p.start()
+    p.join(10)
+    assert p.exitcode == 0
+    for _ in range(20):  # nothing was shut down
+        q.enqueue_bytes(b"m" * 900, timeout=5)
+        assert bytes(r.dequeue_bytes(timeout=5)) == b"m" * 900
+    assert not q._ring.shut_down
+    with pytest.raises(TimeoutError, match="reader rank 0"):  # the reader still holds the writer back
+        for _ in range(10):
+            q.enqueue_bytes(b"m" * 900, timeout=0.05)
+    q.close()
+    r.close()

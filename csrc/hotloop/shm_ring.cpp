@@ -184,6 +184,7 @@ ShmRing ShmRing::create(const RingGeometry& g, std::string name) {
   r.map_size_ = size;
   r.name_ = name;
   r.rank_ = -1;
+  r.owner_pid_ = int(getpid());
   r.linked_ = true;
   return r;
 }
@@ -239,6 +240,7 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
   r.map_size_ = min_size;
   r.name_ = name;
   r.rank_ = int(rank);
+  r.owner_pid_ = int(getpid());
   r.linked_ = true;
   r.source_ = new ReaderSource(l, &slot);
   if (l->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == l->n_readers) r.unlink();
@@ -247,7 +249,8 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
 }
 
 ShmRing::ShmRing(ShmRing&& o) noexcept
-    : layout_(o.layout_), map_size_(o.map_size_), name_(std::move(o.name_)), rank_(o.rank_), linked_(o.linked_),
+    : layout_(o.layout_), map_size_(o.map_size_), name_(std::move(o.name_)), rank_(o.rank_),
+      owner_pid_(o.owner_pid_), linked_(o.linked_),
       next_seq_(o.next_seq_), pending_release_(o.pending_release_), reader_floor_(o.reader_floor_),
       source_(o.source_),
       partial_(std::move(o.partial_)), partial_seq_(o.partial_seq_), partial_filled_(o.partial_filled_),
@@ -259,7 +262,9 @@ ShmRing::ShmRing(ShmRing&& o) noexcept
 
 ShmRing::~ShmRing() {
   if (layout_ == nullptr) return;
-  if (is_writer()) {
+  if (int(getpid()) != owner_pid_) {
+    // inherited through fork: the ring belongs to the parent's writer or reader
+  } else if (is_writer()) {
     shutdown();
     unlink();
   } else {

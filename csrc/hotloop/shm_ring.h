@@ -16,7 +16,8 @@
 // buffer assembled from its fragments. A reader waiting for data notices shutdown (ClosedError) and a dead
 // writer (DeadPeerError) within ~500 ms; messages published before either are still delivered.
 //
-// Lifetime: the creator sets the segment up; attach() maps it by name and checks magic, version, geometry and
+// Lifetime: the creator sets the segment up; a copy inherited by a forked child neither shuts the ring down
+// nor detaches its reader when destroyed there (it only unmaps); attach() maps it by name and checks magic, version, geometry and
 // rank. The name is unlinked as soon as every reader has attached (so a later SIGKILL leaves nothing in
 // /dev/shm), or by the writer's destructor; reap_stale_segments() removes segments whose creator died before
 // that point.
@@ -30,30 +31,13 @@
 #include <vector>
 
 #include "hotloop/doorbell.h"
+#include "hotloop/errors.h"
 #include "hotloop/owned_bytes.h"
 #include "hotloop/source.h"
 #include "hotloop/wait_any.h"
 #include "hotloop/wait_policy.h"
 
 namespace hotloop {
-
-// A peer process (writer or reader) died.
-class DeadPeerError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// The segment is not a hotloop ring of the expected layout, or the handle does not match it.
-class BadHandleError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
-
-// A wait for ring space or a message timed out.
-class QueueTimeout : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 enum class DeadReaderPolicy : uint32_t { kRaise = 0, kDrop = 1 };
 
@@ -143,6 +127,7 @@ class ShmRing {
   size_t map_size_ = 0;
   std::string name_;
   int rank_ = -1;
+  int owner_pid_ = 0;  // the process that created/attached it: a forked copy only unmaps on destruction
   bool linked_ = false;
   uint64_t next_seq_ = 0;     // writer: next sequence to write; reader: next expected
   uint64_t pending_release_ = 0;  // reader: bytes to advance on release()

@@ -84,6 +84,11 @@ def _call_costs(fake, calls: int):
     return rows
 
 
+# The releaser completes each step this long after the waiter started waiting, so that the waiter has parked:
+# the latency measured is the full wake-up path, not a spin hit.
+PARK_DELAY_S = 200e-6
+
+
 def _completion_latency(fake, rounds: int):
     """Gate opened by a releaser thread at t0 -> the waiting thread back in Python."""
     stream = fake.stream_create()
@@ -95,7 +100,7 @@ def _completion_latency(fake, rounds: int):
 
         def releaser():
             while (item := go.get()) is not None:
-                time.sleep(0.0002)  # let the waiter park
+                time.sleep(PARK_DELAY_S)
                 opened.append(time.monotonic_ns())
                 if host:
                     n.complete(item)
