@@ -7,8 +7,8 @@ Every peer runs between two processes (fork) on this machine:
     hotloop with pickled objects (enqueue / dequeue). faster-fifo and
     vLLM's MessageQueue join the table when they import.
 (b) one-way throughput of 64 B messages from Python (the reader counts them; messages/s over the reader's time).
-(c) a large tensor through the queue, 5 times (256 MiB, 64 MiB with --quick): bandwidth next to a numpy memcpy
-    of the same size in this run (the queue copies twice: into the ring, then out of it).
+(c) a large tensor through the queue, 5 times (256 MiB, 64 MiB with --quick): bandwidth next to a memcpy of
+    the same size in this run (the queue copies twice: into the ring, then out of it).
 (d) idle: a reader parked on an empty queue; its process CPU time over the wait.
 (e) periodic traffic (a message every 1, 5, 20 ms with +-20 % jitter): delivery latency (timestamp in the
     message -> reader has it) p50/p99 and reader CPU, for an always-spinning reader, an always-parking one, the
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import random
 import time
 
@@ -114,9 +115,15 @@ class _Zmq:
     def side_b(self):
         import zmq
 
-        s = zmq.Context().socket(zmq.PAIR)
-        s.connect(self.path)
-        return s.recv, s.send
+        self.ctx_b = zmq.Context()
+        self.s_b = self.ctx_b.socket(zmq.PAIR)
+        self.s_b.connect(self.path)
+        return self.s_b.recv, self.s_b.send
+
+    def finish_b(self):
+        # zmq sends from its I/O thread: flush the last message before the child exits
+        self.s_b.close(linger=10_000)
+        self.ctx_b.term()
 
     def side_a(self):
         import zmq
@@ -154,6 +161,7 @@ def _echo(peer, rounds):
     recv, send = peer.side_b()
     for _ in range(rounds):
         send(recv())
+    getattr(peer, "finish_b", lambda: None)()
     os._exit(0)
 
 
@@ -211,32 +219,36 @@ def _receive_big(handle, count, out):
     for i in range(count):
         obj = r.dequeue(timeout=120)
         done = time.perf_counter()
-        nbytes = int(obj.nbytes if hasattr(obj, "nbytes") else len(obj))
+        nbytes = memoryview(obj).nbytes if not hasattr(obj, "nbytes") else int(obj.nbytes)
         del obj  # frees the buffer for the next message (kept warm by the reader)
         if i + 1 < count:
             out.put((done, nbytes))
     _report(out, (done, nbytes))
 
 
-def _big_message(nbytes, count=5):
-    import numpy as np
+def _memcpy_gbps(nbytes):
+    """The machine's copy bandwidth for `nbytes` (best of 3, destination already faulted in)."""
+    src, dst = bytearray(b"\x01") * nbytes, bytearray(nbytes)
+    dst[:] = src
+    best = min(_timed(lambda: dst.__setitem__(slice(None), src)) for _ in range(3))
+    return nbytes / best / 1e9
 
-    src = np.ones(nbytes, dtype=np.uint8)
-    dst = np.empty_like(src)
-    copies = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        copies.append(time.perf_counter() - t0)
-    memcpy_gbs = nbytes / min(copies) / 1e9
-    del dst
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _big_message(nbytes, count=5):
+    memcpy_gbs = _memcpy_gbps(nbytes)
     try:
         import torch
 
         payload = torch.ones(nbytes // 4, dtype=torch.float32)
         kind = "torch tensor"
     except ImportError:
-        payload, kind = src, "numpy array"
+        payload, kind = pickle.PickleBuffer(bytearray(nbytes)), "buffer (torch not installed)"
     q = MessageQueue(1, max_chunk_bytes=16 << 20)
     out = CTX.Queue()
     child = CTX.Process(target=_receive_big, args=(q.export_handle(), count, out))
