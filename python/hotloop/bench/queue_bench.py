@@ -2,10 +2,12 @@
 
 Every peer runs between two processes (fork) on this machine:
 (a) round trip: process A sends a message, B echoes it back, A waits; p50/p99 over many rounds after a warm-up,
-    64 B and 64 KiB, raw bytes: multiprocessing.Pipe (send_bytes), pyzmq PAIR over ipc://, hotloop
+    64 B and 64 KiB, raw bytes: multiprocessing.Pipe (send_bytes), pyzmq PAIR over ipc://, faster-fifo (pickles
+    what it is given), hotloop
     (enqueue_bytes / dequeue_bytes: the reader gets its own copy; and zero-copy views, acquire_read), plus
     hotloop with pickled objects (enqueue / dequeue). faster-fifo and
-    vLLM's MessageQueue join the table when they import.
+    vLLM's MessageQueue join the table when they import (``pip install hotloop[bench]`` installs pyzmq and
+    faster-fifo).
 (b) one-way throughput of 64 B messages from Python (the reader counts them; messages/s over the reader's time).
 (c) a large tensor through the queue, 5 times (256 MiB, 64 MiB with --quick): bandwidth next to a memcpy of
     the same size in this run (the queue copies twice: into the ring, then out of it).
@@ -138,14 +140,37 @@ class _Zmq:
         self.ctx.term()
 
 
+class _FasterFifo:
+    name = "faster-fifo Queue (pickled)"
+
+    def __init__(self):
+        import faster_fifo
+
+        self.ab, self.ba = faster_fifo.Queue(1 << 22), faster_fifo.Queue(1 << 22)
+
+    def side_b(self):
+        return self.ab.get, self.ba.put
+
+    def side_a(self):
+        return self.ab.put, self.ba.get
+
+    def close(self):
+        self.ab.close()
+        self.ba.close()
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def _peers():
     peers = [_Hotloop, _HotloopView, _HotloopObjects, _Pipe]
-    try:
-        import zmq  # noqa: F401
-
+    if _installed("zmq"):
         peers.append(_Zmq)
-    except ImportError:
-        pass
+    if _installed("faster_fifo"):
+        peers.append(_FasterFifo)
     return peers
 
 
@@ -368,7 +393,9 @@ def run(quick: bool = False):
         f"throughput of 64 B messages ({n_through} messages)",
         ["transport", "64B p50", "p99", "64KiB p50", "p99", "64B p50 vs hotloop", "M msg/s"],
         rows,
-        note="Not installed, so not measured: faster-fifo, vLLM's MessageQueue.",
+        note="Not measured: vLLM's MessageQueue (not installed)"
+        + ("" if _installed("faster_fifo") else ", faster-fifo (not installed: pip install hotloop[bench])")
+        + ("" if _installed("zmq") else ", pyzmq (not installed)") + ".",
     )
     text += "\n\n" + table(
         f"(c) a {bigr['bytes'] >> 20} MiB {bigr['kind']} through the queue, 5 times",
