@@ -447,8 +447,7 @@ void ShmRing::write(const Part* parts, size_t n, int64_t timeout_ns, WaitPolicy&
                             std::to_string(l->max_message) + " bytes of queue " + name_ +
                             ": send it in pieces, or create the queue with a larger maximum");
   }
-  const int64_t start = now_ns();
-  const int64_t deadline = timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns;
+  const int64_t deadline = deadline_after(timeout_ns);
   const uint64_t seq = next_seq_++;  // consumed even if the write fails: readers then drop a partial message
   const uint64_t max_payload = (l->capacity / 4 - kRecordHeader) & ~uint64_t(7);
   if (total <= max_payload) {
@@ -473,9 +472,7 @@ void ShmRing::write(const Part* parts, size_t n, int64_t timeout_ns, WaitPolicy&
 Source& ShmRing::source() noexcept { return *source_; }
 
 bool ShmRing::wait(int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks) {
-  const int64_t start = now_ns();
-  return wait_readable(timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns, policy,
-                       hooks);
+  return wait_readable(deadline_after(timeout_ns), policy, hooks);
 }
 
 bool ShmRing::readable() const noexcept {
@@ -531,8 +528,7 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
   for (;;) {
     if (!readable()) {
       if (!have_deadline) {
-        const int64_t start = now_ns();
-        deadline = timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns;
+        deadline = deadline_after(timeout_ns);
         have_deadline = true;
       }
       if (!wait_readable(deadline, policy, hooks)) return false;
