@@ -239,13 +239,15 @@ def test_bad_input_gives_clear_errors_and_loses_nothing():
     r0 = MessageQueue.create_from_handle(h, 0)
     with pytest.raises(hotloop.BadHandleError, match="already attached"):
         MessageQueue.create_from_handle(h, 0)
-    forged = type(h)(h.version, h.name, h.capacity * 2, h.n_local_reader, h.writer_pid)
+    import dataclasses
+
+    forged = dataclasses.replace(h, capacity=h.capacity * 2)
     with pytest.raises(hotloop.BadHandleError, match="corrupt or from another queue"):
         MessageQueue.create_from_handle(forged, 1)
     with pytest.raises(hotloop.BadHandleError, match="version 99"):
-        MessageQueue.create_from_handle(type(h)(99, h.name, h.capacity, 2, 0), 1)
+        MessageQueue.create_from_handle(dataclasses.replace(h, version=99), 1)
     with pytest.raises(hotloop.BadHandleError, match="no shared-memory segment"):
-        MessageQueue.create_from_handle(type(h)(1, "/hotloop-gone", h.capacity, 2, 0), 1)
+        MessageQueue.create_from_handle(dataclasses.replace(h, name="/hotloop-gone"), 1)
     with pytest.raises(hotloop.BadHandleError):
         MessageQueue.create_from_handle("not a handle", 1)
     r1 = MessageQueue.create_from_handle(h, 1)

@@ -9,6 +9,7 @@ Names follow vLLM's MessageQueue, so engine code can switch::
     mq.enqueue({"step": 1, "tensor": t})          # one copy into shared memory, pickle 5 out-of-band buffers
     obj = reader.dequeue(timeout=1.0)             # the reader's own copy; never aliases ring memory
 
+Ranks at or above ``n_local_reader`` are readers on other nodes: same API, over TCP (``remote_queue.py``).
 A reader is a source for :func:`hotloop.wait_any` (pass the queue itself). ``dequeue`` waits in C++ with the GIL
 released (spin, yield, park); ``readable()`` is one atomic load; ``acquire_read()`` lends a zero-copy view;
 ``await dequeue_async()`` serves asyncio. Failures: a full ring raises TimeoutError naming the slow reader; a
@@ -23,14 +24,16 @@ import atexit
 import contextlib
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 
 from hotloop import _core
 from hotloop import serialization
 from hotloop._core import BadHandleError, ClosedError, DeadPeerError, QueueTimeout, WaitPolicy
+from hotloop.remote_queue import RemotePublisher, RemoteSubscriber
 
-HANDLE_VERSION = 1
+HANDLE_VERSION = 2
 DEFAULT_RING_BYTES = 1 << 24
 
 
@@ -39,10 +42,13 @@ class Handle:
     """What a reader needs to attach: picklable, a few hundred bytes."""
 
     version: int
-    name: str
+    name: str  # the shared-memory segment ("" when every reader is remote)
     capacity: int
-    n_local_reader: int
+    n_local_reader: int  # ranks 0 .. n_local_reader-1 read shared memory, the rest the network
     writer_pid: int
+    n_reader: int
+    remote_address: str | None  # tcp://ip:port of the writer's publisher, when there are remote readers
+    remote_hwm: int  # messages buffered per remote reader on each side of the network before enqueue waits
 
 
 def _ring_bytes(max_chunk_bytes: int) -> int:
@@ -54,38 +60,64 @@ def _ring_bytes(max_chunk_bytes: int) -> int:
 class MessageQueue:
     def __init__(self, n_reader: int, n_local_reader: int | None = None, max_chunk_bytes: int = DEFAULT_RING_BYTES // 4,
                  max_message_bytes: int | None = None, dead_reader: str = "raise", policy: WaitPolicy | None = None,
-                 name: str = ""):
+                 name: str = "", connect_ip: str | None = None, bind_ip: str = "*", remote_hwm: int = 1000):
         """The writer. Messages up to max_chunk_bytes are read zero-copy from one record; larger ones are split.
 
-        n_reader: readers in all; n_local_reader: those on this node (default: all; remote readers need the
-        network transport, not available in this version). max_message_bytes: a larger enqueue raises
-        ValueError and leaves the queue usable (default: no limit). dead_reader: "raise" or "drop".
+        n_reader: readers in all; n_local_reader: those on this node (default: all). Ranks below n_local_reader
+        read shared memory; the others read over TCP from a publisher bound on bind_ip, reached at connect_ip
+        (default: $HOTLOOP_HOST_IP, else this node's outbound address). max_message_bytes: a larger enqueue
+        raises ValueError and leaves the queue usable (default: no limit). dead_reader: "raise" or "drop".
+        remote_hwm: messages buffered for each remote reader on each side before enqueue waits for it.
         """
         if n_local_reader is None:
             n_local_reader = n_reader
-        if n_local_reader != n_reader:
-            raise NotImplementedError("remote readers (n_local_reader < n_reader) are not supported yet: "
-                                      "every reader must run on the writer's node")
         if n_reader < 1:
             raise ValueError(f"a MessageQueue needs at least one reader, got n_reader={n_reader}")
-        _core.reap_stale_segments()
-        self._ring = _core.ShmRing.create(_ring_bytes(max_chunk_bytes), n_local_reader, max_message_bytes or 0,
-                                          dead_reader, name)
+        if not 0 <= n_local_reader <= n_reader:
+            raise ValueError(f"n_local_reader={n_local_reader} must be between 0 and n_reader={n_reader}")
+        if dead_reader not in ("raise", "drop"):
+            raise ValueError(f"dead_reader must be 'raise' or 'drop', got {dead_reader!r}")
+        self._ring = None
+        self._remote = None
+        self._max_message_bytes = max_message_bytes or 0
+        if n_local_reader:
+            _core.reap_stale_segments()
+            self._ring = _core.ShmRing.create(_ring_bytes(max_chunk_bytes), n_local_reader, self._max_message_bytes,
+                                              dead_reader, name)
+            qname, capacity = self._ring.name, self._ring.capacity
+        else:
+            qname, capacity = name or f"hotloop-net-{os.getpid()}-{id(self):x}", 0
+        if n_local_reader < n_reader:
+            self._remote = RemotePublisher(qname, range(n_local_reader, n_reader), connect_ip, bind_ip, dead_reader,
+                                           remote_hwm)
         self._policy = policy if policy is not None else WaitPolicy()
-        self._handle = Handle(HANDLE_VERSION, self._ring.name, self._ring.capacity, n_local_reader, os.getpid())
+        self._handle = Handle(HANDLE_VERSION, qname, capacity, n_local_reader, os.getpid(), n_reader,
+                              self._remote.address if self._remote else None, remote_hwm)
         self.rank = -1
         self._async_watcher = None
 
     @classmethod
     def create_from_handle(cls, handle: Handle, rank: int, policy: WaitPolicy | None = None) -> "MessageQueue":
-        """Reader `rank` (0 <= rank < n_local_reader) of the queue `handle` describes."""
+        """Reader `rank` (0 <= rank < n_reader) of the queue `handle` describes: a shared-memory reader when
+        rank < handle.n_local_reader, a network reader otherwise (same API)."""
         if not isinstance(handle, Handle):
             raise BadHandleError(f"not a MessageQueue handle: {type(handle).__name__} (use export_handle())")
-        if handle.version != HANDLE_VERSION:
-            raise BadHandleError(f"handle of version {handle.version}, this hotloop reads version {HANDLE_VERSION}: "
-                                 "use the same hotloop version in every process")
+        if getattr(handle, "version", None) != HANDLE_VERSION:
+            raise BadHandleError(f"handle of version {getattr(handle, 'version', None)}, this hotloop reads version "
+                                 f"{HANDLE_VERSION}: use the same hotloop version in every process")
+        if not isinstance(rank, int) or not 0 <= rank < handle.n_reader:
+            raise BadHandleError(f"queue {handle.name}: reader rank {rank!r} is out of range; this queue has ranks "
+                                 f"0..{handle.n_reader - 1}")
         self = cls.__new__(cls)
-        self._ring = _core.ShmRing.attach(handle.name, rank, handle.capacity, handle.n_local_reader)
+        self._remote = None
+        self._max_message_bytes = 0
+        if rank < handle.n_local_reader:
+            self._ring = _core.ShmRing.attach(handle.name, rank, handle.capacity, handle.n_local_reader)
+        else:
+            if not handle.remote_address:
+                raise BadHandleError(f"queue {handle.name}: rank {rank} is a remote rank but the handle has no "
+                                     "remote address; the handle is corrupt")
+            self._ring = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_hwm)
         self._policy = policy if policy is not None else WaitPolicy()
         self._handle = handle
         self.rank = rank
@@ -107,21 +139,35 @@ class MessageQueue:
 
     def wait_until_ready(self, timeout: float | None = None) -> None:
         """Writer: wait until every reader attached (raises TimeoutError naming how many did). Reader: no-op."""
-        if self.is_writer and not self._ring.wait_all_attached(timeout, self._policy):
-            raise TimeoutError(f"queue {self.name}: {self._ring.attached_readers} of {self._ring.n_readers} readers "
-                               f"attached within {timeout} s; start the missing readers with this queue's handle")
+        if not self.is_writer:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        local_ok = self._ring is None or self._ring.wait_all_attached(timeout, self._policy)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        remote_ok = self._remote is None or self._remote.wait_ready(left)
+        if not (local_ok and remote_ok):
+            local = f"{self._ring.attached_readers} of {self._ring.n_readers} local" if self._ring else "no local"
+            remote = f"{len(self._remote.attached)} of {len(self._remote.ranks)} remote" if self._remote else "no remote"
+            raise TimeoutError(f"queue {self.name}: {local} and {remote} readers attached within {timeout} s; "
+                               "start the missing readers with this queue's handle")
 
     def shutdown(self) -> None:
         """Writer: no more messages. Parked readers wake and raise ClosedError once they have read the rest."""
-        if not self._ring.closed:
+        if self._ring is not None and not self._ring.closed and self.is_writer:
             self._ring.shutdown()
+        if self._remote is not None:
+            self._remote.shutdown()
 
     def close(self) -> None:
         """Release the queue (a writer shuts it down first). Idempotent."""
         if self._async_watcher is not None:
             self._async_watcher.stop()
             self._async_watcher = None
-        self._ring.close()
+        if self._ring is not None:
+            self._ring.close()
+        if self._remote is not None:
+            self._remote.shutdown()
+            self._remote.close()
 
     def __enter__(self):
         return self
@@ -141,12 +187,27 @@ class MessageQueue:
         ClosedError (after shutdown), ValueError (larger than max_message_bytes); pickling errors leave the
         queue untouched."""
         parts, keep_alive = serialization.dumps(obj)
-        self._ring.write(parts, timeout, self._policy)
+        self._write(parts, timeout)
         del keep_alive
 
     def enqueue_bytes(self, data, timeout: float | None = None) -> None:
         """Send a bytes-like object as is (no pickling); read it with dequeue_bytes."""
-        self._ring.write([data], timeout, self._policy)
+        self._write([data], timeout)
+
+    def _write(self, parts: list, timeout: float | None) -> None:
+        """Remote readers first, then shared memory. A TimeoutError or DeadPeerError from the network side means
+        no local reader got the message; one from the ring after a network send means remote readers did."""
+        if not self.is_writer:
+            raise RuntimeError(f"queue {self.name}: reader rank {self.rank} cannot enqueue; only the writer can")
+        if self._remote is not None:
+            if self._max_message_bytes:
+                size = sum(memoryview(p).nbytes for p in parts)
+                if size > self._max_message_bytes:
+                    raise ValueError(f"queue {self.name}: message of {size} bytes is larger than max_message_bytes="
+                                     f"{self._max_message_bytes}; send less or raise the limit")
+            self._remote.send(parts, timeout)
+        if self._ring is not None:
+            self._ring.write(parts, timeout, self._policy)
 
     # ---- reader ----
 

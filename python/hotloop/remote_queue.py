@@ -1,0 +1,300 @@
+"""The network side of hotloop.MessageQueue: the writer publishes each message over TCP to readers on other nodes.
+
+Contract:
+
+- ``RemotePublisher`` (writer) binds a ZeroMQ XPUB socket. Each remote reader subscribes to every message and to
+  its own rank topic, so the writer learns which ranks are attached (``wait_ready``), sees a second reader of
+  the same rank, and sees a reader leave (its connection closes; a vanished node is found by TCP keepalive in
+  about 3 s): ``send``
+  then raises DeadPeerError naming it, or forgets it (``dead_reader="drop"``). Messages are never dropped:
+  a reader more than ``hwm`` messages behind makes ``send`` wait, up to its timeout.
+- ``RemoteSubscriber`` (reader) has the reader surface of a shared-memory ring (``read``, ``read_view``,
+  ``release``, ``readable``, ``wait_readable``, ``source``, ``close``), so MessageQueue drives both alike.
+  Its wait sleeps in ``wait_any`` on one descriptor: an epoll set holding the data socket's and its connection
+  monitor's descriptors. ZeroMQ's descriptors are edge-like (a message can be waiting with the descriptor quiet),
+  so every wait first drains what is there without blocking; ``readable()`` does the same and never blocks.
+- Messages are frames ``[kind, *parts]``; kind ``M`` carries the parts of one message (joined by the reader into
+  one buffer it owns), kind ``S`` is the writer's shutdown. A lost connection (the writer's process died or the
+  network failed) raises DeadPeerError in the reader once every message received before it has been read.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+
+import zmq
+import zmq.utils.monitor
+
+from hotloop._core import ClosedError, DeadPeerError, FdSource, Flag, WaitPolicy, wait_any
+
+KIND_MESSAGE = b"M"
+KIND_SHUTDOWN = b"S"
+
+
+def _rank_topic(rank: int) -> bytes:
+    return b"\x01hotloop-rank-%d" % rank  # never the first byte of a message frame, so it matches none
+
+
+def default_connect_ip() -> str:
+    """This node's address as other nodes reach it: $HOTLOOP_HOST_IP, else the outbound interface's address."""
+    if ip := os.environ.get("HOTLOOP_HOST_IP"):
+        return ip
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # UDP connect sends nothing; it only picks the route
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def _keepalive(sock: zmq.Socket) -> None:
+    """Find a peer whose node vanished (no FIN or RST) within about 3 s, with the kernel's TCP keepalive.
+
+    Not ZMTP heartbeats: those travel in-band, so a reader that is busy (its receive buffer full, ZeroMQ no
+    longer reading the socket) misses them and would be disconnected for being slow. A peer whose process
+    dies is seen at once either way: its kernel closes the connection."""
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 2)
+
+
+class RemotePublisher:
+    def __init__(self, queue_name: str, ranks: range, connect_ip: str | None = None, bind_ip: str = "*",
+                 dead_reader: str = "raise", hwm: int = 1000):
+        self.queue_name = queue_name
+        self.ranks = ranks
+        self.dead_reader = dead_reader
+        self._owner_pid = os.getpid()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.XPUB)
+        self._sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe reaches us
+        self._sock.setsockopt(zmq.XPUB_NODROP, 1)  # a slow reader makes send wait instead of losing messages
+        self._sock.setsockopt(zmq.SNDHWM, hwm)
+        self._sock.setsockopt(zmq.LINGER, 1000)
+        _keepalive(self._sock)
+        port = self._sock.bind_to_random_port(f"tcp://{bind_ip}")
+        self.address = f"tcp://{connect_ip or default_connect_ip()}:{port}"
+        self.attached: set[int] = set()
+        self._subscribers: dict[int, int] = {}  # rank -> readers subscribed as that rank
+        self.dead: list[int] = []  # ranks that left, not yet reported
+        self.twice: list[int] = []  # ranks attached by a second reader
+        self._topics = {_rank_topic(r): r for r in ranks}
+        self.is_shut_down = False
+
+    def _drain_subscriptions(self) -> None:
+        while True:
+            try:
+                msg = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            rank = self._topics.get(msg[1:])
+            if rank is None:
+                continue  # the everything-subscription that goes with each rank topic
+            n = self._subscribers.get(rank, 0) + (1 if msg[0] == 1 else -1)
+            self._subscribers[rank] = n
+            if msg[0] == 1:
+                if n > 1:
+                    self.twice.append(rank)
+                self.attached.add(rank)
+            elif n == 0:
+                self.attached.discard(rank)
+                self.dead.append(rank)
+
+    def _check_peers(self) -> None:
+        if self.twice:
+            rank = self.twice.pop()
+            raise DeadPeerError(f"queue {self.queue_name}: remote reader rank {rank} attached twice; give each "
+                                "reader process its own rank")
+        if self.dead:
+            rank = self.dead.pop(0)
+            if self.dead_reader == "raise":
+                raise DeadPeerError(f"queue {self.queue_name}: remote reader rank {rank} disconnected (its process "
+                                    "died, it closed, or its node stopped answering keepalives); restart it, or "
+                                    "create the queue with dead_reader='drop'")
+            self._check_peers()  # dropped: the rank is simply forgotten; report any other
+
+    def wait_ready(self, timeout: float | None) -> bool:
+        """Wait until every remote rank is attached. Raises DeadPeerError for a rank attached twice."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._drain_subscriptions()
+            if self.twice:
+                self._check_peers()
+            if self.attached >= set(self.ranks):
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._sock.poll(None if left is None else max(1, int(left * 1000)), zmq.POLLIN)
+
+    def send(self, parts: list, timeout: float | None) -> None:
+        """Publish one message (its parts are copied once into ZeroMQ's buffers)."""
+        if self.is_shut_down:
+            raise ClosedError(f"queue {self.queue_name}: enqueue after shutdown()")
+        self._drain_subscriptions()
+        self._check_peers()
+        if not self.attached:
+            return  # every remote reader left (dropped): nothing to send to
+        self._send([KIND_MESSAGE, *parts], timeout)
+
+    def _send(self, frames: list, timeout: float | None) -> None:
+        self._sock.setsockopt(zmq.SNDTIMEO, -1 if timeout is None else max(0, int(timeout * 1000)))
+        try:
+            self._sock.send_multipart(frames)
+        except zmq.Again:
+            raise TimeoutError(f"queue {self.queue_name}: a remote reader is a full send buffer behind and did not "
+                               f"catch up within {timeout} s; it is too slow or stuck") from None
+
+    def shutdown(self) -> None:
+        """Tell every remote reader that no message follows (best effort: a reader gone already misses it)."""
+        if self.is_shut_down or os.getpid() != self._owner_pid:
+            return
+        self.is_shut_down = True
+        try:
+            self._send([KIND_SHUTDOWN], 1.0)
+        except TimeoutError:
+            pass
+
+    def close(self) -> None:
+        if self._sock is None:
+            return
+        if os.getpid() == self._owner_pid:  # a forked copy leaves the parent's sockets alone
+            self._sock.close()
+            self._ctx.term()
+        self._sock = None
+
+
+class RemoteSubscriber:
+    def __init__(self, address: str, rank: int, queue_name: str, hwm: int = 1000):
+        self.name = queue_name
+        self.address = address
+        self._owner_pid = os.getpid()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.RCVHWM, hwm)
+        _keepalive(self._sock)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sock.setsockopt(zmq.SUBSCRIBE, _rank_topic(rank))
+        self._sock.connect(address)
+        self._epoll = select.epoll()
+        self._epoll.register(self._sock.getsockopt(zmq.FD), select.EPOLLIN)
+        self._epoll.register(self._monitor.getsockopt(zmq.FD), select.EPOLLIN)
+        self._fd_source = FdSource(self._epoll.fileno())
+        self._ready = Flag()
+        self._ready.set()
+        self._pending: bytearray | None = None  # a received message not yet handed out
+        self._lent: memoryview | None = None
+        self._shut_down = False
+        self._lost = False  # the connection to the writer dropped
+        self.closed = False
+
+    # ---- the reader surface shared with ShmRing ----
+
+    def readable(self) -> bool:
+        """Whether a message is waiting (never blocks)."""
+        self._drain()
+        return self._pending is not None
+
+    @property
+    def source(self) -> FdSource:
+        """The wait_any source: the epoll descriptor, after draining what ZeroMQ already holds (see contract)."""
+        self._drain()
+        if self._pending is not None or self._shut_down or self._lost:
+            return self._ready  # the drain took what would have signalled the descriptor
+        return self._fd_source
+
+    def wait_readable(self, timeout: float | None = None, policy: WaitPolicy | None = None) -> bool:
+        """Wait until a message is waiting: True, or False at the timeout. Raises ClosedError / DeadPeerError
+        once the writer shut down / was lost and nothing is left to read."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._drain()
+            if self._pending is not None:
+                return True
+            if self._shut_down:
+                raise ClosedError(f"queue {self.name}: shut down by its writer and every message read")
+            if self._lost:
+                raise DeadPeerError(f"queue {self.name}: lost the connection to its writer at {self.address} (its "
+                                    "process died or the network failed); every message received was read")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            wait_any([self._fd_source], timeout=left, policy=policy or WaitPolicy())
+
+    def read(self, timeout: float | None = None, policy: WaitPolicy | None = None):
+        """The next message as a bytearray the caller owns, or None at the timeout."""
+        if not self.wait_readable(timeout, policy):
+            return None
+        msg, self._pending = self._pending, None
+        return msg
+
+    def read_view(self, timeout: float | None = None, policy: WaitPolicy | None = None):
+        """The next message as a read-only view, held until release()."""
+        msg = self.read(timeout, policy)
+        if msg is None:
+            return None
+        self._lent = memoryview(msg).toreadonly()
+        return self._lent
+
+    def release(self) -> None:
+        self._lent = None
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if os.getpid() == self._owner_pid:
+            self._epoll.close()
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._sock.close(linger=0)
+            self._ctx.term()
+
+    # ---- internals ----
+
+    def _drain(self) -> None:
+        """Take what ZeroMQ holds without blocking: connection events, then at most one message."""
+        if self.closed:
+            raise ClosedError(f"queue {self.name}: this reader was closed")
+        while True:
+            try:
+                event = zmq.utils.monitor.recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                if not self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # same re-arm as for messages below
+                    break
+                continue
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._lost = True
+        if self._pending is not None or self._shut_down:
+            return
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                break
+            except zmq.Again:
+                # Reading ZMQ_EVENTS processes ZeroMQ's pending commands, which re-arms the descriptor; a message
+                # that arrived meanwhile is announced only here (its signal was just consumed), so take it.
+                if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return
+        kind = frames[0].bytes
+        if kind == KIND_SHUTDOWN:
+            self._shut_down = True
+            return
+        if kind != KIND_MESSAGE:
+            raise ValueError(f"queue {self.name}: corrupt frame kind {kind!r} from {self.address}; "
+                             "is another program publishing on this port?")
+        size = sum(len(f.buffer) for f in frames[1:])
+        msg = bytearray(size)
+        off = 0
+        for f in frames[1:]:
+            n = len(f.buffer)
+            msg[off:off + n] = f.buffer
+            off += n
+        self._pending = msg
+

@@ -1,0 +1,249 @@
+"""hotloop.MessageQueue readers on another node (over TCP, here on loopback): delivery next to shared-memory
+readers, wait_any and asyncio, dead writer / dead reader, a full send buffer, bad handles."""
+
+import asyncio
+import hashlib
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+
+import pytest
+
+import hotloop
+from hotloop import ClosedError, DeadPeerError, MessageQueue
+
+CTX = mp.get_context("fork")
+CHUNK = (1 << 16) // 4 - 64  # a 64 KiB ring for the local reader
+
+
+def _payload(seq: int) -> bytes:
+    rng = random.Random(seq)
+    size = rng.randrange(4 << 16) if rng.random() < 0.02 else rng.randrange(2048)
+    return rng.randbytes(size)
+
+
+def _reader_main(handle, rank, count, results):
+    try:
+        q = MessageQueue.create_from_handle(handle, rank)
+        digest = hashlib.blake2b()
+        for seq in range(count):
+            msg = q.dequeue(timeout=30)
+            assert msg["seq"] == seq, f"rank {rank}: got message {msg['seq']}, expected {seq}"
+            assert msg["sum"] == hashlib.blake2b(msg["data"]).hexdigest(), f"rank {rank}: bad checksum at {seq}"
+            digest.update(msg["data"])
+        try:
+            q.dequeue(timeout=10)
+            end = "a message after shutdown"
+        except ClosedError:
+            end = "closed"
+        q.close()
+        results.put((rank, digest.hexdigest(), end))
+    except BaseException as e:  # report, do not hang the writer
+        results.put((rank, f"error: {e!r}", ""))
+
+
+def test_remote_and_local_readers_get_every_message_once_in_order():
+    count = 2000
+    q = MessageQueue(3, n_local_reader=1, max_chunk_bytes=CHUNK, connect_ip="127.0.0.1")
+    h = q.export_handle()
+    assert h.remote_address.startswith("tcp://127.0.0.1:") and len(__import__("pickle").dumps(h)) < 1000
+    results = CTX.Queue()
+    procs = [CTX.Process(target=_reader_main, args=(h, r, count, results)) for r in range(3)]
+    for p in procs:
+        p.start()
+    q.wait_until_ready(timeout=30)
+    digest = hashlib.blake2b()
+    for seq in range(count):
+        data = _payload(seq)
+        digest.update(data)
+        q.enqueue({"seq": seq, "data": data, "sum": hashlib.blake2b(data).hexdigest()}, timeout=30)
+    q.shutdown()
+    got = {r: (d, end) for r, d, end in (results.get(timeout=60) for _ in procs)}
+    for p in procs:
+        p.join(30)
+    q.close()
+    assert got == {r: (digest.hexdigest(), "closed") for r in range(3)}
+
+
+def test_remote_reader_is_a_wait_any_source_and_readable_never_blocks():
+    with MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1") as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.wait_until_ready(timeout=10)
+        inputs = hotloop.InputQueue()
+        t0 = time.monotonic()
+        assert not r.readable()
+        assert hotloop.wait_any([r, inputs], timeout=0.05) == []
+        assert time.monotonic() - t0 < 1
+        q.enqueue("hello")
+        assert hotloop.wait_any([r, inputs], timeout=5) == [r]
+        assert r.readable()
+        assert r.dequeue(timeout=0) == "hello"
+        q.enqueue_bytes(b"raw")
+        with r.acquire_read(timeout=5) as view:
+            assert bytes(view) == b"raw"
+        r.close()
+
+
+def test_remote_dequeue_async_is_woken_by_the_writer():
+    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
+    r = MessageQueue.create_from_handle(q.export_handle(), 0)
+    q.wait_until_ready(timeout=10)
+
+    async def main():
+        task = asyncio.create_task(r.dequeue_async(timeout=10))
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        q.enqueue({"x": 1})
+        assert await task == {"x": 1}
+        c0, t0 = time.process_time(), time.monotonic()
+        with pytest.raises(TimeoutError):
+            await r.dequeue_async(timeout=0.5)
+        return (time.process_time() - c0) / (time.monotonic() - t0)
+
+    cpu = asyncio.run(main())
+    assert cpu < 0.05, f"an idle remote asyncio reader used {cpu:.1%} of a core"
+    r.close()
+    q.close()
+
+
+def _writer_then_die(conn):
+    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
+    conn.send(q.export_handle())
+    q.wait_until_ready(timeout=10)
+    q.enqueue("last words")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_writer_is_detected_by_a_parked_remote_reader():
+    parent, child = CTX.Pipe()
+    p = CTX.Process(target=_writer_then_die, args=(child,))
+    p.start()
+    r = MessageQueue.create_from_handle(parent.recv(), 0)
+    assert r.dequeue(timeout=10) == "last words"
+    t0 = time.monotonic()
+    with pytest.raises(DeadPeerError, match="lost the connection to its writer"):
+        r.dequeue(timeout=10)
+    assert time.monotonic() - t0 < 1.5
+    p.join()
+    r.close()
+
+
+def _attach_and_hang(handle, rank):
+    reader = MessageQueue.create_from_handle(handle, rank)  # held (not read from) until killed
+    time.sleep(60)
+    reader.close()
+
+
+@pytest.mark.parametrize("policy", ["raise", "drop"])
+def test_a_killed_remote_reader_raises_or_is_dropped(policy):
+    q = MessageQueue(2, n_local_reader=1, max_chunk_bytes=CHUNK, dead_reader=policy, connect_ip="127.0.0.1")
+    live = MessageQueue.create_from_handle(q.export_handle(), 0)
+    p = CTX.Process(target=_attach_and_hang, args=(q.export_handle(), 1))
+    p.start()
+    q.wait_until_ready(timeout=10)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    t0 = time.monotonic()
+    sent = 0
+    try:
+        while time.monotonic() - t0 < 2:
+            q.enqueue(sent, timeout=5)
+            assert live.dequeue(timeout=1) == sent
+            sent += 1
+            time.sleep(0.001)
+    except DeadPeerError as e:
+        assert policy == "raise"
+        assert "remote reader rank 1 disconnected" in str(e)
+        assert time.monotonic() - t0 < 1.5
+        assert not live.readable(), "the failed enqueue reached a local reader"
+    else:
+        assert policy == "drop"
+    q.close()
+    live.close()
+
+
+def test_a_remote_reader_that_does_not_read_makes_enqueue_time_out():
+    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1", remote_hwm=2)
+    r = MessageQueue.create_from_handle(q.export_handle(), 0)
+    q.wait_until_ready(timeout=10)
+    big = b"z" * (1 << 20)
+    with pytest.raises(TimeoutError, match="remote reader .* behind"):
+        for _ in range(1000):  # far more than the buffers on both sides and the kernel's hold
+            q.enqueue_bytes(big, timeout=0.2)
+    got = 0
+    while r.readable() or got == 0:
+        assert bytes(r.dequeue_bytes(timeout=5)) == big
+        got += 1
+    assert got >= 2
+    r.close()
+    q.close()
+
+
+def test_remote_bad_input_gives_clear_errors():
+    q = MessageQueue(2, n_local_reader=1, max_chunk_bytes=CHUNK, max_message_bytes=5000, connect_ip="127.0.0.1")
+    h = q.export_handle()
+    with pytest.raises(hotloop.BadHandleError, match="out of range"):
+        MessageQueue.create_from_handle(h, 2)
+    with pytest.raises(TimeoutError, match="0 of 1 local and 0 of 1 remote readers attached"):
+        q.wait_until_ready(timeout=0.2)
+    local = MessageQueue.create_from_handle(h, 0)
+    r1 = MessageQueue.create_from_handle(h, 1)
+    r1_again = MessageQueue.create_from_handle(h, 1)
+    with pytest.raises(DeadPeerError, match="rank 1 attached twice"):
+        q.wait_until_ready(timeout=5)
+        time.sleep(0.2)
+        q.enqueue(0)
+    r1_again.close()
+    with pytest.raises(ValueError, match="larger than max_message_bytes"):
+        q.enqueue_bytes(b"x" * 6000)
+    with pytest.raises(RuntimeError, match="only the writer"):
+        r1.enqueue(1)
+    q.enqueue("kept")
+    assert r1.dequeue(timeout=5) == "kept" and local.dequeue(timeout=5) == "kept"
+    q.shutdown()
+    with pytest.raises(ClosedError):
+        q.enqueue(1)
+    with pytest.raises(ClosedError):
+        r1.dequeue(timeout=5)
+    for x in (q, local, r1):
+        x.close()
+
+
+def _paced_reader(handle, rank, results):
+    q = MessageQueue.create_from_handle(handle, rank)
+    rng = random.Random(rank)
+    n = 0
+    try:
+        while True:
+            q.dequeue_bytes(timeout=2)  # a lost wake-up shows as a TimeoutError here
+            n += 1
+            if rng.random() < 0.3:
+                time.sleep(rng.random() * 0.0005)
+    except ClosedError:
+        results.put((rank, n))
+    except BaseException as e:
+        results.put((rank, f"after {n} messages: {e!r}"))
+    q.close()
+
+
+def test_no_lost_wake_up_when_messages_race_the_readers_wait():
+    count = 5000
+    q = MessageQueue(2, n_local_reader=0, connect_ip="127.0.0.1")
+    results = CTX.Queue()
+    procs = [CTX.Process(target=_paced_reader, args=(q.export_handle(), r, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    q.wait_until_ready(timeout=10)
+    rng = random.Random(7)
+    for _ in range(count):
+        q.enqueue_bytes(b"x" * (rng.randrange(100_000) if rng.random() < 0.05 else rng.randrange(100)), timeout=10)
+        if rng.random() < 0.3:
+            time.sleep(rng.random() * 0.0005)
+    q.shutdown()
+    got = dict(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(10)
+    q.close()
+    assert got == {0: count, 1: count}
