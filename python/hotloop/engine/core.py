@@ -1,0 +1,150 @@
+"""EngineCore: the engine's hot loop. Schedules a step, launches it on the executor, and waits for its result
+while requests keep arriving, in one of three wait modes (selected explicitly, for A/B):
+
+- ``block``: wait for the step's result (GIL released); inputs are handled between steps only.
+- ``poll``: while the step runs, loop in Python: poll the result, drain the input queue without blocking,
+  ``os.sched_yield()``. Inputs are handled at once, but the loop holds the GIL and a core.
+- ``hotloop``: ``wait_any`` on {the step's result sources, the input queue} in C++ with the GIL released; inputs
+  that arrive during a step reach the scheduler at once; the result is processed when it lands.
+
+Outputs are the same in every mode (sampling depends only on the request). Contract: ``input_queue`` takes
+``AddRequest`` / ``AbortRequest`` (and ``None`` = shut down); outputs (lists of RequestOutput) go to
+``output_queue``; a bad request gets an error output and the engine goes on; an executor failure fails every
+request with its message and stops the loop (``run`` then raises ExecutorError).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from hotloop._core import InputQueue, wait_any
+from hotloop.engine.executor import ExecutorError, InProcessExecutor
+from hotloop.engine.model import model_config
+from hotloop.engine.protocol import AbortRequest, AddRequest, RequestOutput
+from hotloop.engine.scheduler import RequestError, Scheduler
+
+WAIT_MODES = ("block", "poll", "hotloop")
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    queue_wait_ns: list[int] = field(default_factory=list)  # input thread receive -> scheduler, per request
+    added_during_step: int = 0  # requests added to the scheduler while a step was running
+    step_end_ns: list[int] = field(default_factory=list)
+
+
+class EngineCore:
+    def __init__(self, model="tiny", executor: str = "inprocess", tp: int = 1, wait_mode: str = "hotloop",
+                 max_num_seqs: int = 64, max_tokens_per_step: int = 512, step_delay_s: float = 0.0,
+                 output_queue: InputQueue | None = None):
+        if wait_mode not in WAIT_MODES:
+            raise ValueError(f"wait_mode must be one of {WAIT_MODES}, got {wait_mode!r}")
+        self.config = model_config(model)
+        self.wait_mode = wait_mode
+        if executor == "inprocess":
+            if tp != 1:
+                raise ValueError("the in-process executor runs one rank; use executor='multiproc' for tp > 1")
+            self.executor = InProcessExecutor(self.config, step_delay_s)
+        elif executor == "multiproc":
+            from hotloop.engine.multiproc_executor import MultiprocExecutor
+
+            self.executor = MultiprocExecutor(self.config, tp, step_delay_s)
+        else:
+            raise ValueError(f"executor must be 'inprocess' or 'multiproc', got {executor!r}")
+        self.scheduler = Scheduler(self.config.vocab_size, self.config.max_seq_len, max_num_seqs,
+                                   max_tokens_per_step)
+        self.input_queue = InputQueue()
+        self.output_queue = output_queue if output_queue is not None else InputQueue()
+        self.stats = EngineStats()
+        self._stopping = False
+        self._in_step = False
+
+    # ---- inputs ----
+
+    def _handle(self, msg) -> None:
+        if msg is None:
+            self._stopping = True
+        elif isinstance(msg, AddRequest):
+            try:
+                self.scheduler.add(msg)
+            except RequestError as e:
+                self.output_queue.put([RequestOutput(msg.request_id, [], True, "error", str(e))])
+                return
+            if msg.arrival_ns:
+                self.stats.queue_wait_ns.append(time.monotonic_ns() - msg.arrival_ns)
+            if self._in_step:
+                self.stats.added_during_step += 1
+        elif isinstance(msg, AbortRequest):
+            outs = self.scheduler.abort(msg.request_ids)
+            if outs:
+                self.output_queue.put(outs)
+        else:
+            raise TypeError(f"the engine input queue got {type(msg).__name__}; send AddRequest or AbortRequest")
+
+    def _drain_inputs(self) -> None:
+        for msg in self.input_queue.drain():
+            self._handle(msg)
+
+    # ---- the loop ----
+
+    def run(self) -> None:
+        """Serve until a None arrives on the input queue (or the executor fails: raises ExecutorError)."""
+        try:
+            while not self._stopping:
+                if not self.scheduler.has_work:
+                    self._handle(self.input_queue.get())  # idle: parked in C++, ~0 CPU
+                    self._drain_inputs()
+                    continue
+                self.step()
+        finally:
+            self.executor.shutdown()
+
+    def step(self) -> None:
+        """One step: schedule, launch, wait per the mode (handling inputs as the mode allows), process."""
+        sched = self.scheduler.schedule()
+        self._in_step = True
+        try:
+            self.executor.submit(sched)
+            tokens = getattr(self, "_wait_" + self.wait_mode)()
+        except ExecutorError as e:
+            self._in_step = False
+            self.output_queue.put(self.scheduler.fail_all(str(e)))
+            self._stopping = True
+            raise
+        self._in_step = False
+        self.stats.steps += 1
+        self.stats.step_end_ns.append(time.monotonic_ns())
+        outs = self.scheduler.update(tokens)
+        if outs:
+            self.output_queue.put(outs)
+        if self.wait_mode == "block":
+            self._drain_inputs()  # block handles inputs between steps only
+
+    def _wait_block(self):
+        return self.executor.wait()
+
+    def _wait_poll(self):
+        executor, inputs = self.executor, self.input_queue
+        while True:
+            tokens = executor.poll()
+            if tokens is not None:
+                return tokens
+            if len(inputs):
+                self._drain_inputs()
+            os.sched_yield()
+
+    def _wait_hotloop(self):
+        executor, inputs = self.executor, self.input_queue
+        sources = [*executor.sources, inputs]
+        while True:
+            ready = wait_any(sources)
+            if ready and ready[-1] is inputs:
+                self._drain_inputs()
+                if len(ready) == 1:
+                    continue
+            tokens = executor.poll()
+            if tokens is not None:
+                return tokens

@@ -1,0 +1,173 @@
+"""Continuous-batching scheduler: FCFS, a token budget per step, a cap on running requests, chunked prefill.
+
+Contract: ``add(request)`` validates and queues a request (RequestError on bad input, nothing queued);
+``abort(ids)`` finishes requests wherever they are (waiting, running, or in the step now running: its token is
+then dropped) and returns their final outputs; ``schedule()`` picks the next step's segments, running requests
+first, then waiting ones in arrival order, splitting prompts that do not fit the remaining budget;
+``update(tokens)`` takes the sampled tokens of that step and returns the outputs (new token, finished, reason).
+A request finishes on max_tokens ("length"), a stop id or EOS ("stop"), or abort ("abort"). One step at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from hotloop.engine.model import Segment
+from hotloop.engine.protocol import AddRequest, RequestOutput
+from hotloop.engine.tokenizer import EOS
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve; only that request fails."""
+
+
+@dataclass
+class Request:
+    spec: AddRequest
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose keys and values are in the KV cache
+    status: str = "waiting"  # waiting -> running -> finished
+    added_ns: int = 0  # when the scheduler got it (queue wait = added_ns - spec.arrival_ns)
+
+    @property
+    def request_id(self) -> str:
+        return self.spec.request_id
+
+    @property
+    def capacity(self) -> int:
+        return len(self.spec.prompt_token_ids) + self.spec.max_tokens
+
+    def token(self, i: int) -> int:
+        p = self.spec.prompt_token_ids
+        return p[i] if i < len(p) else self.output_token_ids[i - len(p)]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.spec.prompt_token_ids) + len(self.output_token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    segments: list[Segment]
+    free_ids: list[str]  # requests whose KV caches the workers drop before this step
+
+
+class Scheduler:
+    def __init__(self, vocab_size: int, max_model_len: int, max_num_seqs: int = 64,
+                 max_tokens_per_step: int = 512):
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.max_tokens_per_step = max_tokens_per_step
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._in_flight: list[tuple[Request, int, bool]] | None = None  # (request, tokens, sampled) of the step
+        self._free: list[str] = []
+
+    # ---- input ----
+
+    def add(self, spec: AddRequest) -> None:
+        rid = spec.request_id
+        if rid in self.requests:
+            raise RequestError(f"request id {rid!r} is already in use by an unfinished request")
+        prompt = spec.prompt_token_ids
+        if not prompt:
+            raise RequestError(f"request {rid!r}: empty prompt (send at least one token)")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"request {rid!r}: token ids {bad[:5]} are outside the vocabulary 0..{self.vocab_size - 1}")
+        if spec.max_tokens <= 0:
+            raise RequestError(f"request {rid!r}: max_tokens must be positive, got {spec.max_tokens}")
+        if len(prompt) + spec.max_tokens > self.max_model_len:
+            raise RequestError(f"request {rid!r}: prompt ({len(prompt)}) + max_tokens ({spec.max_tokens}) exceeds "
+                               f"the model's length limit {self.max_model_len}")
+        if spec.temperature < 0:
+            raise RequestError(f"request {rid!r}: temperature must be >= 0, got {spec.temperature}")
+        req = Request(spec, added_ns=time.monotonic_ns())
+        self.requests[rid] = req
+        self.waiting.append(req)
+
+    def abort(self, request_ids) -> list[RequestOutput]:
+        """Finish the given requests; unknown or finished ids are ignored."""
+        outs = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is not None:
+                self._finish(req, "abort")
+                outs.append(RequestOutput(rid, [], True, "abort"))
+        return outs
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.status = "finished"
+        self.requests.pop(req.request_id, None)
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if req.num_computed or self._in_flight and any(r is req for r, _, _ in self._in_flight):
+            self._free.append(req.request_id)
+
+    # ---- steps ----
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def schedule(self) -> SchedulerOutput:
+        assert self._in_flight is None, "one step at a time"
+        budget = self.max_tokens_per_step
+        picked: list[tuple[Request, int, bool]] = []
+        for req in self.running:
+            if budget <= 0:
+                break
+            n = min(req.num_tokens - req.num_computed, budget)
+            picked.append((req, n, req.num_computed + n == req.num_tokens))
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting.popleft()
+            req.status = "running"
+            self.running.append(req)
+            n = min(req.num_tokens, budget)
+            picked.append((req, n, n == req.num_tokens))
+            budget -= n
+        segments = [Segment(r.request_id, [r.token(i) for i in range(r.num_computed, r.num_computed + n)],
+                            r.num_computed, r.capacity, sample, r.spec.temperature, r.spec.seed)
+                    for r, n, sample in picked]
+        self._in_flight = picked
+        free, self._free = self._free, []
+        return SchedulerOutput(segments, free)
+
+    def update(self, sampled: list[int]) -> list[RequestOutput]:
+        """Apply the tokens sampled by the step schedule() returned (one per sampling segment, in order)."""
+        picked, self._in_flight = self._in_flight, None
+        outs = []
+        tokens = iter(sampled)
+        for req, n, sample in picked:
+            token = next(tokens) if sample else None
+            if req.status == "finished":
+                continue  # aborted while the step ran
+            req.num_computed += n
+            if token is None:
+                continue
+            req.output_token_ids.append(token)
+            spec = req.spec
+            reason = None
+            if token in spec.stop_token_ids or (token == EOS and not spec.ignore_eos):
+                reason = "stop"
+            elif len(req.output_token_ids) >= spec.max_tokens:
+                reason = "length"
+            if reason:
+                self._finish(req, reason)
+            outs.append(RequestOutput(req.request_id, [token], reason is not None, reason))
+        return outs
+
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """Finish every request with an error (the executor failed)."""
+        outs = [RequestOutput(rid, [], True, "error", error) for rid in list(self.requests)]
+        for req in list(self.requests.values()):
+            self._finish(req, "error")
+        self._in_flight = None
+        return outs
