@@ -8,8 +8,8 @@ while requests keep arriving, in one of three wait modes (selected explicitly, f
   that arrive during a step reach the scheduler at once; the result is processed when it lands.
 
 Outputs are the same in every mode (sampling depends only on the request). Contract: ``input_queue`` takes
-``AddRequest`` / ``AbortRequest`` (and ``None`` = shut down); outputs (lists of RequestOutput) go to
-``output_queue``; a bad request gets an error output and the engine goes on; an executor failure fails every
+``AddRequest`` / ``AbortRequest`` / ``StatsRequest`` (and ``None`` or ``ShutdownRequest`` = shut down); outputs
+(lists of RequestOutput, or a StatsReport) go to ``output_queue``; a bad request gets an error output and the engine goes on; an executor failure fails every
 request with its message and stops the loop (``run`` then raises ExecutorError).
 """
 
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from hotloop._core import InputQueue, wait_any
 from hotloop.engine.executor import ExecutorError, InProcessExecutor
 from hotloop.engine.model import model_config
-from hotloop.engine.protocol import AbortRequest, AddRequest, RequestOutput
+from hotloop.engine.protocol import (AbortRequest, AddRequest, RequestOutput, ShutdownRequest, StatsReport,
+                                     StatsRequest)
 from hotloop.engine.scheduler import RequestError, Scheduler
 
 WAIT_MODES = ("block", "poll", "hotloop")
@@ -65,8 +66,12 @@ class EngineCore:
     # ---- inputs ----
 
     def _handle(self, msg) -> None:
-        if msg is None:
+        if msg is None or isinstance(msg, ShutdownRequest):
             self._stopping = True
+        elif isinstance(msg, StatsRequest):
+            st = self.stats
+            self.output_queue.put(StatsReport(st.steps, st.queue_wait_ns, st.added_during_step, self.wait_mode))
+            st.queue_wait_ns = []
         elif isinstance(msg, AddRequest):
             try:
                 self.scheduler.add(msg)

@@ -1,7 +1,8 @@
 """Messages between engine clients and the engine process (msgspec structs, encoded as msgpack on ZeroMQ).
 
-Client -> engine: ``AddRequest``, ``AbortRequest``. Engine -> client: lists of ``RequestOutput`` (each one's newly
-generated tokens; ``finished`` with a reason: "stop", "length", "abort" or "error" with ``error`` set).
+Client -> engine: ``AddRequest``, ``AbortRequest``, ``StatsRequest``, ``ShutdownRequest``. Engine -> client:
+``OutputBatch`` (RequestOutputs: each one's newly generated tokens; ``finished`` with a reason: "stop",
+"length", "abort" or "error" with ``error`` set) and ``StatsReport``.
 ``arrival_ns`` is stamped by the engine's input thread (time.monotonic_ns) when it receives the request.
 """
 
@@ -25,6 +26,14 @@ class AbortRequest(msgspec.Struct, array_like=True, tag="abort"):
     request_ids: list[str]
 
 
+class StatsRequest(msgspec.Struct, array_like=True, tag="stats?"):
+    """Ask the engine for its counters (answered with a StatsReport on the output stream)."""
+
+
+class ShutdownRequest(msgspec.Struct, array_like=True, tag="shutdown"):
+    pass
+
+
 class RequestOutput(msgspec.Struct, array_like=True):
     request_id: str
     new_token_ids: list[int]
@@ -33,8 +42,20 @@ class RequestOutput(msgspec.Struct, array_like=True):
     error: str | None = None
 
 
-ClientMessage = AddRequest | AbortRequest
+class OutputBatch(msgspec.Struct, array_like=True, tag="out"):
+    outputs: list[RequestOutput]
+
+
+class StatsReport(msgspec.Struct, array_like=True, tag="stats"):
+    steps: int
+    queue_wait_ns: list[int]  # input thread receive -> scheduler, per request since the last report
+    added_during_step: int
+    wait_mode: str
+
+
+ClientMessage = AddRequest | AbortRequest | StatsRequest | ShutdownRequest
+EngineMessage = OutputBatch | StatsReport
 
 encoder = msgspec.msgpack.Encoder()
 client_decoder = msgspec.msgpack.Decoder(ClientMessage)
-outputs_decoder = msgspec.msgpack.Decoder(list[RequestOutput])
+engine_decoder = msgspec.msgpack.Decoder(EngineMessage)

@@ -1,0 +1,316 @@
+"""Engine clients: ``EngineClient`` (blocking) and ``AsyncEngineClient`` (asyncio). Each starts its own engine
+process and talks to it over two ZeroMQ sockets (requests out, outputs in), msgpack-encoded.
+
+Contract: ``generate(prompt or token ids, max_tokens, ...)`` returns an (async) iterator of RequestOutput, one per
+generated token (the last has ``finished`` and a ``finish_reason``); a request the engine rejects raises
+RequestError from the iterator, other requests are unaffected. Leaving an iterator early aborts its request.
+``abort(request_id)`` ends a request (its iterator ends with finish_reason "abort"). If the engine process dies,
+every waiting iterator and every later call raises EngineDeadError within milliseconds (the client waits on the
+process sentinel together with its socket: no polling timer). ``shutdown()`` stops the engine and reaps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing as mp
+import os
+import tempfile
+import uuid
+from collections import deque
+
+import zmq
+import zmq.asyncio
+
+from hotloop.engine import tokenizer
+from hotloop.engine.lifecycle import stop_processes
+from hotloop.engine.process import engine_main
+from hotloop.engine.protocol import (AbortRequest, AddRequest, OutputBatch, RequestOutput, ShutdownRequest,
+                                     StatsReport, StatsRequest, encoder, engine_decoder)
+from hotloop.engine.scheduler import RequestError
+
+CTX = mp.get_context("spawn")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine process died; nothing sent to it will be answered. Start a new client."""
+
+
+def _prompt_ids(prompt) -> list[int]:
+    return tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+
+
+class _EngineHandle:
+    """Starts the engine process and owns the client's end of its sockets."""
+
+    def __init__(self, ctx: zmq.Context, engine_kwargs: dict, start_timeout: float):
+        self._dir = tempfile.mkdtemp(prefix="hotloop-engine-")
+        in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
+        self.ctx = ctx
+        self.requests = ctx.socket(zmq.PUSH)
+        self.requests.setsockopt(zmq.LINGER, 0)
+        self.requests.bind(in_addr)
+        self.outputs = ctx.socket(zmq.PULL)
+        self.outputs.setsockopt(zmq.LINGER, 0)
+        self.outputs.bind(out_addr)
+        parent, child = CTX.Pipe()
+        self.proc = CTX.Process(target=engine_main, name="hotloop-engine", daemon=False,
+                                args=(in_addr, out_addr, engine_kwargs, os.getpid(), child))
+        self.proc.start()
+        child.close()
+        import multiprocessing.connection as mpc
+
+        try:
+            ready = mpc.wait([parent, self.proc.sentinel], timeout=start_timeout)
+            msg = parent.recv() if parent in ready else None
+        except EOFError:
+            msg = None
+        finally:
+            parent.close()
+        if not isinstance(msg, int):
+            self.stop(graceful=False)
+            why = msg or f"exit code {self.proc.exitcode}" if self.proc.exitcode is not None else "no answer"
+            raise EngineDeadError(f"the engine process did not start ({why}); see its output above")
+        self.pid = msg
+        self.dead = False
+
+    def send(self, msg) -> None:
+        self.requests.send(encoder.encode(msg))
+
+    def death_message(self) -> str:
+        code = self.proc.exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        return f"the engine process (pid {self.proc.pid}) {how}"
+
+    def stop(self, graceful: bool = True) -> None:
+        if graceful and self.proc.exitcode is None:
+            try:
+                self.send(ShutdownRequest())
+            except zmq.ZMQError:
+                pass
+        stop_processes([self.proc], grace_s=5 if graceful else 0, term_s=2)
+        self.requests.close(0)
+        self.outputs.close(0)
+        for name in ("in", "out"):
+            try:
+                os.unlink(os.path.join(self._dir, name))
+            except FileNotFoundError:
+                pass
+        os.rmdir(self._dir)
+
+
+class _Stream:
+    def __init__(self):
+        self.items: deque = deque()
+        self.done = False
+
+
+class EngineClient:
+    """Blocking client; one thread uses it (iterators of several requests may be interleaved)."""
+
+    def __init__(self, model="tiny", executor: str = "inprocess", tp: int = 1, wait_mode: str = "hotloop",
+                 start_timeout: float = 120, **engine_kwargs):
+        self._ctx = zmq.Context()
+        self._engine = _EngineHandle(self._ctx, dict(model=model, executor=executor, tp=tp, wait_mode=wait_mode,
+                                                     **engine_kwargs), start_timeout)
+        self._poller = zmq.Poller()
+        self._poller.register(self._engine.outputs, zmq.POLLIN)
+        self._poller.register(self._engine.proc.sentinel, zmq.POLLIN)
+        self._streams: dict[str, _Stream] = {}
+        self._stats: deque = deque()
+        self._ids = itertools.count()
+
+    @property
+    def engine_pid(self) -> int:
+        return self._engine.pid
+
+    def _check_alive(self):
+        if self._engine.dead:
+            raise EngineDeadError(self._engine.death_message())
+
+    def _pump(self, timeout: float | None = None) -> None:
+        """Wait for the next message from the engine (or its death) and route it."""
+        self._check_alive()
+        events = dict(self._poller.poll(None if timeout is None else int(timeout * 1000)))
+        if self._engine.outputs in events:
+            while True:
+                try:
+                    data = self._engine.outputs.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._route(engine_decoder.decode(data))
+            return
+        if self._engine.proc.sentinel in events:
+            self._engine.proc.join(1)
+            self._engine.dead = True
+            raise EngineDeadError(self._engine.death_message())
+
+    def _route(self, msg) -> None:
+        if isinstance(msg, StatsReport):
+            self._stats.append(msg)
+            return
+        for out in msg.outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                stream.items.append(out)
+
+    def generate(self, prompt, max_tokens: int = 16, stop_token_ids=(), temperature: float = 0.0, seed: int = 0,
+                 ignore_eos: bool = False, request_id: str | None = None):
+        """Stream the outputs of one request (see the module contract)."""
+        self._check_alive()
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._streams:
+            raise RequestError(f"request id {rid!r} is already streaming from this client")
+        stream = self._streams[rid] = _Stream()
+        self._engine.send(AddRequest(rid, _prompt_ids(prompt), int(max_tokens), list(stop_token_ids),
+                                     float(temperature), int(seed), ignore_eos))
+        return self._iterate(rid, stream)
+
+    def _iterate(self, rid: str, stream: _Stream):
+        try:
+            while True:
+                while stream.items:
+                    out = stream.items.popleft()
+                    if out.error:
+                        stream.done = True
+                        raise RequestError(out.error)
+                    if out.finished:
+                        stream.done = True
+                    yield out
+                    if stream.done:
+                        return
+                self._pump()
+        finally:
+            self._streams.pop(rid, None)
+            if not stream.done and not self._engine.dead:
+                self._engine.send(AbortRequest([rid]))
+
+    def abort(self, request_id: str) -> None:
+        self._check_alive()
+        self._engine.send(AbortRequest([request_id]))
+
+    def stats(self, timeout: float = 10) -> StatsReport:
+        self._check_alive()
+        self._engine.send(StatsRequest())
+        while not self._stats:
+            self._pump(timeout)
+        return self._stats.popleft()
+
+    def shutdown(self) -> None:
+        if self._engine is None:
+            return
+        self._engine.stop(graceful=not self._engine.dead)
+        self._engine = None
+        self._ctx.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        return False
+
+
+class AsyncEngineClient:
+    """asyncio client. Create it inside a running event loop (``await AsyncEngineClient.start(...)``)."""
+
+    @classmethod
+    async def start(cls, model="tiny", executor: str = "inprocess", tp: int = 1, wait_mode: str = "hotloop",
+                    start_timeout: float = 120, **engine_kwargs) -> "AsyncEngineClient":
+        self = cls()
+        self._ctx = zmq.asyncio.Context()
+        kwargs = dict(model=model, executor=executor, tp=tp, wait_mode=wait_mode, **engine_kwargs)
+        self._engine = await asyncio.to_thread(_EngineHandle, self._ctx, kwargs, start_timeout)
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._stats: asyncio.Queue = asyncio.Queue()
+        self._ids = itertools.count()
+        self._dead_error: EngineDeadError | None = None
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._engine.proc.sentinel, self._on_engine_death)
+        self._reader = asyncio.create_task(self._read_outputs(), name="hotloop-engine-outputs")
+        return self
+
+    @property
+    def engine_pid(self) -> int:
+        return self._engine.pid
+
+    async def _read_outputs(self):
+        sock = self._engine.outputs
+        while True:
+            msg = engine_decoder.decode(await sock.recv())
+            if isinstance(msg, StatsReport):
+                self._stats.put_nowait(msg)
+                continue
+            for out in msg.outputs:
+                q = self._queues.get(out.request_id)
+                if q is not None:
+                    q.put_nowait(out)
+
+    def _on_engine_death(self):
+        asyncio.get_running_loop().remove_reader(self._engine.proc.sentinel)
+        self._engine.proc.join(1)
+        self._engine.dead = True
+        self._dead_error = EngineDeadError(self._engine.death_message())
+        for q in self._queues.values():
+            q.put_nowait(self._dead_error)
+        self._stats.put_nowait(self._dead_error)
+
+    def _check_alive(self):
+        if self._dead_error is not None:
+            raise self._dead_error
+
+    async def generate(self, prompt, max_tokens: int = 16, stop_token_ids=(), temperature: float = 0.0,
+                       seed: int = 0, ignore_eos: bool = False, request_id: str | None = None):
+        """Async iterator of one request's outputs (see the module contract)."""
+        self._check_alive()
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._queues:
+            raise RequestError(f"request id {rid!r} is already streaming from this client")
+        q = self._queues[rid] = asyncio.Queue()
+        done = False
+        try:
+            self._engine.send(AddRequest(rid, _prompt_ids(prompt), int(max_tokens), list(stop_token_ids),
+                                         float(temperature), int(seed), ignore_eos))
+            while not done:
+                out = await q.get()
+                if isinstance(out, EngineDeadError):
+                    done = True
+                    raise out
+                if out.error:
+                    done = True
+                    raise RequestError(out.error)
+                done = out.finished
+                yield out
+        finally:
+            self._queues.pop(rid, None)
+            if not done and self._dead_error is None and self._engine is not None:
+                self._engine.send(AbortRequest([rid]))
+
+    async def abort(self, request_id: str) -> None:
+        self._check_alive()
+        self._engine.send(AbortRequest([request_id]))
+
+    async def stats(self) -> StatsReport:
+        self._check_alive()
+        self._engine.send(StatsRequest())
+        msg = await self._stats.get()
+        if isinstance(msg, EngineDeadError):
+            raise msg
+        return msg
+
+    async def shutdown(self) -> None:
+        if self._engine is None:
+            return
+        self._reader.cancel()
+        try:
+            await self._reader
+        except (asyncio.CancelledError, Exception):
+            pass
+        if not self._engine.dead:
+            asyncio.get_running_loop().remove_reader(self._engine.proc.sentinel)
+        engine, self._engine = self._engine, None
+        await asyncio.to_thread(engine.stop, not engine.dead)
+        self._ctx.term()
+
+
+__all__ = ["AsyncEngineClient", "EngineClient", "EngineDeadError", "RequestOutput"]

@@ -1,0 +1,103 @@
+"""The engine process: EngineCore on its main thread, an input thread and an output thread around it.
+
+Contract: the client binds two ZeroMQ sockets (requests PUSH, outputs PULL) and starts ``engine_main`` in a new
+process, which connects to them. The input thread receives, decodes (msgspec), stamps ``arrival_ns`` and puts each
+message on the core's InputQueue (waking the core wherever it waits); the output thread parks on the core's output
+InputQueue, drains it, encodes and sends one batch per wake. The engine exits when its parent dies (kernel
+parent-death signal), on ShutdownRequest, or when its executor fails (after sending every request its error).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+
+import zmq
+
+from hotloop._core import ClosedError, InputQueue
+from hotloop.engine.core import EngineCore
+from hotloop.engine.executor import ExecutorError
+from hotloop.engine.lifecycle import die_with_parent
+from hotloop.engine.protocol import (AddRequest, OutputBatch, RequestOutput, ShutdownRequest, StatsReport,
+                                     client_decoder, encoder)
+
+
+def _input_thread(sock: zmq.Socket, inputs: InputQueue):
+    while True:
+        try:
+            data = sock.recv()
+        except zmq.ContextTerminated:
+            return
+        try:
+            msg = client_decoder.decode(data)
+        except Exception as e:  # a corrupt message fails nothing else
+            print(f"hotloop engine: dropped an undecodable client message: {e}", flush=True)
+            continue
+        if isinstance(msg, AddRequest):
+            msg.arrival_ns = time.monotonic_ns()
+        try:
+            inputs.put(msg)
+        except ClosedError:
+            return
+        if isinstance(msg, ShutdownRequest):
+            return
+
+
+def _output_thread(sock: zmq.Socket, outputs: InputQueue):
+    while True:
+        try:
+            items = [outputs.get()]
+        except ClosedError:
+            return
+        items += outputs.drain()
+        batch: list[RequestOutput] = []
+        for item in items:
+            if isinstance(item, StatsReport):
+                if batch:
+                    sock.send(encoder.encode(OutputBatch(batch)))
+                    batch = []
+                sock.send(encoder.encode(item))
+            else:
+                batch.extend(item)
+        if batch:
+            sock.send(encoder.encode(OutputBatch(batch)))
+
+
+def engine_main(input_addr: str, output_addr: str, engine_kwargs: dict, parent_pid: int, ready_conn) -> None:
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client owns Ctrl-C; it shuts the engine down
+    try:
+        outputs = InputQueue()
+        core = EngineCore(**engine_kwargs, output_queue=outputs)
+    except BaseException as e:
+        ready_conn.send(f"engine start-up failed: {e!r}")
+        raise
+    ctx = zmq.Context()
+    in_sock = ctx.socket(zmq.PULL)
+    in_sock.connect(input_addr)
+    out_sock = ctx.socket(zmq.PUSH)
+    out_sock.setsockopt(zmq.LINGER, 2000)
+    out_sock.connect(output_addr)
+    threading.Thread(target=_input_thread, args=(in_sock, core.input_queue), name="hotloop-engine-input",
+                     daemon=True).start()
+    sender = threading.Thread(target=_output_thread, args=(out_sock, outputs), name="hotloop-engine-output",
+                              daemon=True)
+    sender.start()
+    ready_conn.send(os.getpid())
+    ready_conn.close()
+    code = 0
+    try:
+        core.run()
+    except ExecutorError as e:
+        print(f"hotloop engine: stopping: {e}", flush=True)
+        code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    outputs.close()  # the output thread sends what is queued, then exits
+    sender.join(5)
+    out_sock.close()
+    os._exit(code)  # the input thread is blocked in recv; nothing else to clean up
