@@ -6,6 +6,12 @@ import time
 
 import pytest
 
+# multiprocessing's resource tracker (started by the first spawned process and kept for the whole session) holds
+# a pipe; start it now so it is not counted as a leak of whichever test spawns first.
+from multiprocessing import resource_tracker  # noqa: E402
+
+resource_tracker.ensure_running()
+
 
 def _open_fds():
     return set(os.listdir("/proc/self/fd"))

@@ -4,8 +4,9 @@ process and talks to it over two ZeroMQ sockets (requests out, outputs in), msgp
 Contract: ``generate(prompt or token ids, max_tokens, ...)`` returns an (async) iterator of RequestOutput, one per
 generated token (the last has ``finished`` and a ``finish_reason``); a request the engine rejects raises
 RequestError from the iterator, other requests are unaffected. Leaving an iterator early aborts its request.
-``abort(request_id)`` ends a request (its iterator ends with finish_reason "abort"). If the engine process dies,
-every waiting iterator and every later call raises EngineDeadError within milliseconds (the client waits on the
+``abort(request_id)`` ends a request (its iterator ends with finish_reason "abort"). If the engine process dies
+or its executor fails (a worker died), every waiting iterator and every later call raises EngineDeadError within
+milliseconds (the client waits on the
 process sentinel together with its socket: no polling timer). ``shutdown()`` stops the engine and reaps it.
 """
 
@@ -73,11 +74,14 @@ class _EngineHandle:
             raise EngineDeadError(f"the engine process did not start ({why}); see its output above")
         self.pid = msg
         self.dead = False
+        self.dead_reason: str | None = None  # what the engine said when its executor failed
 
     def send(self, msg) -> None:
         self.requests.send(encoder.encode(msg))
 
     def death_message(self) -> str:
+        if self.dead_reason:
+            return self.dead_reason
         code = self.proc.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         return f"the engine process (pid {self.proc.pid}) {how}"
@@ -171,6 +175,10 @@ class EngineClient:
             while True:
                 while stream.items:
                     out = stream.items.popleft()
+                    if out.finish_reason == "engine_dead":
+                        stream.done = True
+                        self._engine.dead, self._engine.dead_reason = True, out.error
+                        raise EngineDeadError(out.error)
                     if out.error:
                         stream.done = True
                         raise RequestError(out.error)
@@ -276,6 +284,9 @@ class AsyncEngineClient:
                 if isinstance(out, EngineDeadError):
                     done = True
                     raise out
+                if out.finish_reason == "engine_dead":
+                    done = True
+                    raise EngineDeadError(out.error)
                 if out.error:
                     done = True
                     raise RequestError(out.error)

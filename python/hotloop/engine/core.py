@@ -15,6 +15,7 @@ request with its message and stops the loop (``run`` then raises ExecutorError).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from hotloop.engine.protocol import (AbortRequest, AddRequest, RequestOutput, Sh
 from hotloop.engine.scheduler import RequestError, Scheduler
 
 WAIT_MODES = ("block", "poll", "hotloop")
+_log = logging.getLogger("hotloop.engine")
 
 
 @dataclass
@@ -87,7 +89,8 @@ class EngineCore:
             if outs:
                 self.output_queue.put(outs)
         else:
-            raise TypeError(f"the engine input queue got {type(msg).__name__}; send AddRequest or AbortRequest")
+            _log.error("the engine input queue got a %s; dropped it (send AddRequest, AbortRequest or StatsRequest)",
+                       type(msg).__name__)
 
     def _drain_inputs(self) -> None:
         for msg in self.input_queue.drain():

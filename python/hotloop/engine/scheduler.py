@@ -165,8 +165,8 @@ class Scheduler:
         return outs
 
     def fail_all(self, error: str) -> list[RequestOutput]:
-        """Finish every request with an error (the executor failed)."""
-        outs = [RequestOutput(rid, [], True, "error", error) for rid in list(self.requests)]
+        """Finish every request with reason "engine_dead" (the executor failed; the engine stops)."""
+        outs = [RequestOutput(rid, [], True, "engine_dead", error) for rid in list(self.requests)]
         for req in list(self.requests.values()):
             self._finish(req, "error")
         self._in_flight = None
