@@ -51,5 +51,5 @@ export HOTLOOP_NVTX_RECORDER="$root/build/cpp-release/tests/cpp/libhotloop_nvtx_
 (cd "$root/tests" && python3 -m pytest -q -rs "$root/tests")
 
 echo "== bench smoke run"
-hotloop bench --quick --json "$root/build/bench-quick.json" >/dev/null
+hotloop bench --json "$root/build/bench-quick.json" --plot "$root/build/bench-engine.png" >/dev/null
 echo "all hotloop tests passed"

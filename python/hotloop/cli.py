@@ -1,4 +1,6 @@
-"""The ``hotloop`` command: ``hotloop bench [NAME ...] [--quick] [--json PATH]`` and ``hotloop info``."""
+"""The ``hotloop`` command: ``hotloop bench [NAME ...] [--full] [--json PATH] [--plot PATH]`` and ``hotloop info``.
+
+``hotloop bench`` alone runs the short version of every benchmark (a few minutes); ``--full`` the long runs."""
 
 from __future__ import annotations
 
@@ -64,11 +66,14 @@ def cmd_bench(args) -> int:
     if unknown:
         print(f"hotloop bench: unknown benchmark(s) {unknown}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)
         return 2
-    record = {"info": info(), "quick": args.quick, "results": {}}
+    quick = not args.full
+    record = {"info": info(), "quick": quick, "results": {}}
     for name in names:
-        data, text = BENCHMARKS[name](quick=args.quick)
+        kwargs = {"plot_path": args.plot} if name == "engine" else {}
+        data, text = BENCHMARKS[name](quick=quick, **kwargs)
         record["results"][name] = data
-        print(f"== hotloop bench {name}{' (quick)' if args.quick else ''} ==\n{text}\n", flush=True)
+        print(f"== hotloop bench {name}{' (short run; --full for the long one)' if quick else ''} ==\n{text}\n",
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=2, default=float)
@@ -80,8 +85,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hotloop", description="hotloop: the hot loop of LLM serving, made cheap.")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="run benchmarks (each next to the baseline it replaces)")
-    b.add_argument("names", nargs="*", help="which benchmarks (default: all): wait")
-    b.add_argument("--quick", action="store_true", help="short runs for smoke tests (< 60 s)")
+    b.add_argument("names", nargs="*", help="which benchmarks (default: all): wait, queue, notifier, engine")
+    b.add_argument("--full", action="store_true", help="long runs with more repeats (default: short runs)")
+    b.add_argument("--quick", action="store_true", help="short runs (the default; kept for scripts)")
+    b.add_argument("--plot", metavar="PATH", default="hotloop-bench-engine.png",
+                   help="where the engine benchmark writes its latency plot (needs matplotlib)")
     b.add_argument("--json", metavar="PATH", help="also write the figures and the machine facts as JSON")
     b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="print what a bug report needs")

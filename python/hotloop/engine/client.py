@@ -226,7 +226,7 @@ class AsyncEngineClient:
     async def start(cls, model="tiny", executor: str = "inprocess", tp: int = 1, wait_mode: str = "hotloop",
                     start_timeout: float = 120, **engine_kwargs) -> "AsyncEngineClient":
         self = cls()
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()  # requests go out with plain non-blocking sends; outputs are awaited
         kwargs = dict(model=model, executor=executor, tp=tp, wait_mode=wait_mode, **engine_kwargs)
         self._engine = await asyncio.to_thread(_EngineHandle, self._ctx, kwargs, start_timeout)
         self._queues: dict[str, asyncio.Queue] = {}
@@ -243,7 +243,7 @@ class AsyncEngineClient:
         return self._engine.pid
 
     async def _read_outputs(self):
-        sock = self._engine.outputs
+        sock = zmq.asyncio.Socket.from_socket(self._engine.outputs)
         while True:
             msg = engine_decoder.decode(await sock.recv())
             if isinstance(msg, StatsReport):

@@ -1,0 +1,215 @@
+"""``hotloop bench engine``: the engine's three wait modes side by side, with both executors, in one run.
+
+Each (executor, mode) pair gets its own engine process (model preset "small", a few ms per batched step here)
+driven by an AsyncEngineClient with the same workloads, repeated; figures are medians over repeats:
+
+- arrivals: many requests (prompt 128 / output 8) sent at once: requests/s, TTFT p50 / p99;
+- decode: many concurrent requests (32 / 64 quick, 32 / 256 full): output tokens/s;
+- single: one request (32 / 64 or 256): tokens/s;
+- poisson: arrivals at a fixed rate (32 / 32): TTFT p99 and inter-token latency p99;
+- queue wait: the engine's own record, input thread receive -> scheduler, over the poisson workload (requests
+  arrive while steps run);
+- idle: engine process CPU (its workers included) while nothing is sent;
+- CPU per token: engine + worker CPU seconds over the decode workload / tokens generated.
+
+Method notes: TTFT is measured at the client (send -> first token received); CPU from /proc (utime + stime).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import time
+
+from hotloop.bench.report import Progress, fmt, percentile, table
+
+MODES = ("block", "poll", "hotloop")
+EXECUTORS = ("inprocess", "multiproc")
+MODEL = "small"
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its direct children (the workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(p) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+async def _stream(client, prompt_len: int, max_tokens: int, seed: int):
+    """Send one request; return (ttft_s, [inter-token gaps s], tokens)."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(256) for _ in range(prompt_len)]
+    t0 = time.perf_counter()
+    last, first, gaps, n = t0, None, [], 0
+    async for out in client.generate(prompt, max_tokens, ignore_eos=True):
+        now = time.perf_counter()
+        if first is None:
+            first = now - t0
+        else:
+            gaps.append(now - last)
+        last = now
+        n += len(out.new_token_ids)
+    return first, gaps, n
+
+
+async def _arrivals(client, n: int):
+    t0 = time.perf_counter()
+    res = await asyncio.gather(*(_stream(client, 128, 8, i) for i in range(n)))
+    dt = time.perf_counter() - t0
+    ttft = [r[0] for r in res]
+    return {"req_per_s": n / dt, "ttft_p50_ms": percentile(ttft, 50) * 1e3, "ttft_p99_ms": percentile(ttft, 99) * 1e3}
+
+
+async def _decode(client, n: int, out_len: int, pid: int):
+    c0 = _cpu_seconds(pid)
+    t0 = time.perf_counter()
+    res = await asyncio.gather(*(_stream(client, 32, out_len, 1000 + i) for i in range(n)))
+    dt = time.perf_counter() - t0
+    tokens = sum(r[2] for r in res)
+    return {"tok_per_s": tokens / dt, "cpu_ms_per_token": (_cpu_seconds(pid) - c0) * 1e3 / tokens}
+
+
+async def _single(client, out_len: int):
+    t0 = time.perf_counter()
+    _, _, n = await _stream(client, 32, out_len, 7)
+    return {"tok_per_s": n / (time.perf_counter() - t0)}
+
+
+async def _poisson(client, rate: float, seconds: float):
+    await client.stats()  # reset the engine's queue-wait record
+    rng = random.Random(11)
+    tasks = []
+    t_end = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < t_end:
+        tasks.append(asyncio.create_task(_stream(client, 32, 32, 2000 + i)))
+        i += 1
+        await asyncio.sleep(rng.expovariate(rate))
+    res = await asyncio.gather(*tasks)
+    stats = await client.stats()
+    gaps = [g for r in res for g in r[1]]
+    qw = stats.queue_wait_ns
+    return {"ttft_p99_ms": percentile([r[0] for r in res], 99) * 1e3, "itl_p99_ms": percentile(gaps, 99) * 1e3,
+            "queue_wait_p50_us": percentile(qw, 50) / 1e3, "queue_wait_p99_us": percentile(qw, 99) / 1e3,
+            "requests": len(res), "ttft_ms": [r[0] * 1e3 for r in res], "itl_ms": [g * 1e3 for g in gaps]}
+
+
+async def _idle(client, seconds: float, pid: int):
+    await asyncio.sleep(0.2)
+    c0, t0 = _cpu_seconds(pid), time.monotonic()
+    await asyncio.sleep(seconds)
+    return {"idle_cpu_pct": 100 * (_cpu_seconds(pid) - c0) / (time.monotonic() - t0)}
+
+
+async def _one_engine(executor: str, mode: str, p: dict, progress: Progress):
+    from hotloop.engine.client import AsyncEngineClient
+
+    client = await AsyncEngineClient.start(MODEL, executor=executor, wait_mode=mode, max_num_seqs=64,
+                                           max_tokens_per_step=256)
+    pid = client.engine_pid
+    try:
+        await _single(client, 8)  # warm-up
+        runs = []
+        for rep in range(p["repeats"]):
+            progress.step(f"{executor} {mode} repeat {rep + 1}")
+            r = {"arrivals": await _arrivals(client, p["arrivals"]),
+                 "decode": await _decode(client, p["decode_n"], p["decode_len"], pid),
+                 "single": await _single(client, p["single_len"]),
+                 "poisson": await _poisson(client, p["rate"], p["poisson_s"])}
+            runs.append(r)
+        idle = await _idle(client, p["idle_s"], pid)
+    finally:
+        await client.shutdown()
+    return runs, idle
+
+
+def _med(runs, part, key):
+    vals = [r[part][key] for r in runs]
+    return statistics.median(vals), (max(vals) - min(vals)) / 2 if len(vals) > 1 else float("nan")
+
+
+def _plot(results: dict, path: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install hotloop[bench])"
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for (executor, mode), (runs, _) in results.items():
+        ttft = sorted(x for r in runs for x in r["poisson"]["ttft_ms"])
+        itl = sorted(x for r in runs for x in r["poisson"]["itl_ms"])
+        for ax, xs in ((axes[0], ttft), (axes[1], itl)):
+            if xs:
+                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=f"{executor} / {mode}")
+    axes[0].set(title="time to first token (poisson arrivals)", xlabel="ms", ylabel="fraction of requests")
+    axes[1].set(title="inter-token latency (poisson arrivals)", xlabel="ms", ylabel="fraction of gaps")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"latency distributions plotted to {path}"
+
+
+def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png"):
+    p = (dict(repeats=1, arrivals=16, decode_n=8, decode_len=32, single_len=32, rate=8.0, poisson_s=2.0, idle_s=2.0)
+         if quick else
+         dict(repeats=3, arrivals=32, decode_n=16, decode_len=256, single_len=256, rate=10.0, poisson_s=5.0,
+              idle_s=5.0))
+    progress = Progress("bench engine", len(EXECUTORS) * len(MODES) * p["repeats"])
+    results = {}
+    for executor in EXECUTORS:
+        for mode in MODES:
+            results[(executor, mode)] = asyncio.run(_one_engine(executor, mode, p, progress))
+    progress.close()
+
+    rows, data = [], {}
+    for (executor, mode), (runs, idle) in results.items():
+        m = {
+            "arrivals_req_per_s": _med(runs, "arrivals", "req_per_s"),
+            "arrivals_ttft_p50_ms": _med(runs, "arrivals", "ttft_p50_ms"),
+            "arrivals_ttft_p99_ms": _med(runs, "arrivals", "ttft_p99_ms"),
+            "decode_tok_per_s": _med(runs, "decode", "tok_per_s"),
+            "single_tok_per_s": _med(runs, "single", "tok_per_s"),
+            "poisson_ttft_p99_ms": _med(runs, "poisson", "ttft_p99_ms"),
+            "poisson_itl_p99_ms": _med(runs, "poisson", "itl_p99_ms"),
+            "queue_wait_p50_us": _med(runs, "poisson", "queue_wait_p50_us"),
+            "queue_wait_p99_us": _med(runs, "poisson", "queue_wait_p99_us"),
+            "cpu_ms_per_token": _med(runs, "decode", "cpu_ms_per_token"),
+        }
+        data[f"{executor}/{mode}"] = {**{k: v[0] for k, v in m.items()}, **{k + "_spread": v[1] for k, v in m.items()},
+                                      "idle_cpu_pct": idle["idle_cpu_pct"]}
+        rows.append([f"{executor} / {mode}", *(fmt(m[k][0], 2 if "tok" not in k else 0) for k in (
+            "arrivals_req_per_s", "arrivals_ttft_p50_ms", "arrivals_ttft_p99_ms", "decode_tok_per_s",
+            "single_tok_per_s", "poisson_ttft_p99_ms", "poisson_itl_p99_ms", "queue_wait_p50_us",
+            "queue_wait_p99_us", "cpu_ms_per_token")), fmt(idle["idle_cpu_pct"], 3)])
+    reps = p["repeats"]
+    text = table(
+        f"engine A/B, model '{MODEL}', medians over {reps} repeat{'s' * (reps > 1)} "
+        f"(arrivals {p['arrivals']} x 128/8; decode {p['decode_n']} x 32/{p['decode_len']}; single 32/"
+        f"{p['single_len']}; poisson {p['rate']:g} req/s for {p['poisson_s']:g} s, 32/32; idle {p['idle_s']:g} s)",
+        ["executor / mode", "arr req/s", "TTFT p50 ms", "TTFT p99 ms", "decode tok/s", "single tok/s",
+         "pois TTFT p99", "ITL p99 ms", "qwait p50 us", "qwait p99 us", "CPU ms/tok", "idle CPU %"],
+        rows,
+        note="qwait: input thread receive -> scheduler (engine record, poisson workload). CPU: engine process and "
+             "its workers. Noise: the *_spread fields of --json give half the range over repeats.",
+    )
+    if plot_path:
+        text += "\n" + _plot(results, plot_path)
+    return data, text
