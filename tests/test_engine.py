@@ -237,6 +237,7 @@ def test_a_killed_worker_fails_every_request_within_a_second():
 @pytest.fixture(scope="module")
 def client():
     with EngineClient("tiny", max_tokens_per_step=24) as c:
+        list(c.generate("warm-up", max_tokens=1))  # both connections accepted: their sockets exist from here on
         yield c
 
 
