@@ -113,6 +113,7 @@ def _writer_then_die(conn):
     conn.send(q.export_handle())
     q.wait_until_ready(timeout=10)
     q.enqueue("last words")
+    conn.recv()  # the reader has it (ZeroMQ sends from its own thread: a kill right after enqueue may beat it)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -122,6 +123,7 @@ def test_a_killed_writer_is_detected_by_a_parked_remote_reader():
     p.start()
     r = MessageQueue.create_from_handle(parent.recv(), 0)
     assert r.dequeue(timeout=10) == "last words"
+    parent.send("die")
     t0 = time.monotonic()
     with pytest.raises(DeadPeerError, match="lost the connection to its writer"):
         r.dequeue(timeout=10)

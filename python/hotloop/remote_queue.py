@@ -14,7 +14,8 @@ Contract:
   monitor's descriptors. ZeroMQ's descriptors are edge-like (a message can be waiting with the descriptor quiet),
   so every wait first drains what is there without blocking; ``readable()`` does the same and never blocks.
 - Messages are frames ``[kind, *parts]``; kind ``M`` carries the parts of one message (joined by the reader into
-  one buffer it owns), kind ``S`` is the writer's shutdown. A lost connection (the writer's process died or the
+  one buffer it owns), kind ``S`` is the writer's shutdown. ZeroMQ sends from its own thread: a message is on
+  its way when ``send`` returns, and one the writer's process is killed right after may not arrive. A lost connection (the writer's process died or the
   network failed) raises DeadPeerError in the reader once every message received before it has been read.
 """
 
