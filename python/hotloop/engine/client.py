@@ -41,11 +41,14 @@ def _prompt_ids(prompt) -> list[int]:
     return tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
 
 
-class _EngineHandle:
+class EngineProcess:
     """Starts the engine process and owns the client's end of its sockets."""
 
-    def __init__(self, ctx: zmq.Context, engine_kwargs: dict, start_timeout: float):
-        self._dir = tempfile.mkdtemp(prefix="hotloop-engine-")
+    def __init__(self, ctx: zmq.Context, engine_kwargs: dict, start_timeout: float, target=engine_main,
+                 name: str = "hotloop-engine"):
+        """Start `target(in_addr, out_addr, engine_kwargs, parent_pid, ready_conn)` in a new process (the
+        engine's main, or another stage's with the same shape: it sends its pid on ready_conn when serving)."""
+        self._dir = tempfile.mkdtemp(prefix=name + "-")
         in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
         self.ctx = ctx
         self.requests = ctx.socket(zmq.PUSH)
@@ -55,7 +58,7 @@ class _EngineHandle:
         self.outputs.setsockopt(zmq.LINGER, 0)
         self.outputs.bind(out_addr)
         parent, child = CTX.Pipe()
-        self.proc = CTX.Process(target=engine_main, name="hotloop-engine", daemon=False,
+        self.proc = CTX.Process(target=target, name=name, daemon=False,
                                 args=(in_addr, out_addr, engine_kwargs, os.getpid(), child))
         self.proc.start()
         child.close()
@@ -71,7 +74,7 @@ class _EngineHandle:
         if not isinstance(msg, int):
             self.stop(graceful=False)
             why = msg or f"exit code {self.proc.exitcode}" if self.proc.exitcode is not None else "no answer"
-            raise EngineDeadError(f"the engine process did not start ({why}); see its output above")
+            raise EngineDeadError(f"the {name} process did not start ({why}); see its output above")
         self.pid = msg
         self.dead = False
         self.dead_reason: str | None = None  # what the engine said when its executor failed
@@ -84,9 +87,11 @@ class _EngineHandle:
             return self.dead_reason
         code = self.proc.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        return f"the engine process (pid {self.proc.pid}) {how}"
+        return f"the {self.proc.name} process (pid {self.proc.pid}) {how}"
 
-    def stop(self, graceful: bool = True) -> None:
+    def stop(self, graceful: bool = True, close_outputs: bool = True) -> None:
+        """Stop and reap the process. close_outputs=False: the caller closed the outputs socket itself (an
+        asyncio socket shadowing it must be closed through the shadow, which also unhooks it from the loop)."""
         if graceful and self.proc.exitcode is None:
             try:
                 self.send(ShutdownRequest())
@@ -94,7 +99,8 @@ class _EngineHandle:
                 pass
         stop_processes([self.proc], grace_s=5 if graceful else 0, term_s=2)
         self.requests.close(0)
-        self.outputs.close(0)
+        if close_outputs:
+            self.outputs.close(0)
         for name in ("in", "out"):
             try:
                 os.unlink(os.path.join(self._dir, name))
@@ -115,7 +121,7 @@ class EngineClient:
     def __init__(self, model="tiny", executor: str = "inprocess", tp: int = 1, wait_mode: str = "hotloop",
                  start_timeout: float = 120, **engine_kwargs):
         self._ctx = zmq.Context()
-        self._engine = _EngineHandle(self._ctx, dict(model=model, executor=executor, tp=tp, wait_mode=wait_mode,
+        self._engine = EngineProcess(self._ctx, dict(model=model, executor=executor, tp=tp, wait_mode=wait_mode,
                                                      **engine_kwargs), start_timeout)
         self._poller = zmq.Poller()
         self._poller.register(self._engine.outputs, zmq.POLLIN)
@@ -228,13 +234,14 @@ class AsyncEngineClient:
         self = cls()
         self._ctx = zmq.Context()  # requests go out with plain non-blocking sends; outputs are awaited
         kwargs = dict(model=model, executor=executor, tp=tp, wait_mode=wait_mode, **engine_kwargs)
-        self._engine = await asyncio.to_thread(_EngineHandle, self._ctx, kwargs, start_timeout)
+        self._engine = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout)
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats: asyncio.Queue = asyncio.Queue()
         self._ids = itertools.count()
         self._dead_error: EngineDeadError | None = None
         loop = asyncio.get_running_loop()
         loop.add_reader(self._engine.proc.sentinel, self._on_engine_death)
+        self._out = zmq.asyncio.Socket.from_socket(self._engine.outputs)
         self._reader = asyncio.create_task(self._read_outputs(), name="hotloop-engine-outputs")
         return self
 
@@ -243,7 +250,7 @@ class AsyncEngineClient:
         return self._engine.pid
 
     async def _read_outputs(self):
-        sock = zmq.asyncio.Socket.from_socket(self._engine.outputs)
+        sock = self._out
         while True:
             msg = engine_decoder.decode(await sock.recv())
             if isinstance(msg, StatsReport):
@@ -320,7 +327,8 @@ class AsyncEngineClient:
         if not self._engine.dead:
             asyncio.get_running_loop().remove_reader(self._engine.proc.sentinel)
         engine, self._engine = self._engine, None
-        await asyncio.to_thread(engine.stop, not engine.dead)
+        self._out.close(linger=0)
+        await asyncio.to_thread(engine.stop, not engine.dead, False)
         self._ctx.term()
 
 

@@ -1,0 +1,414 @@
+"""Orchestrator: routes a request through a pipeline of stages (LLM engines, transform processes) and streams the
+last stage's packets to the caller. Event-driven by default; the legacy poll loop is kept as an explicit A/B
+baseline.
+
+Contract:
+- ``await Orchestrator.start(stages, loop=None)``; ``loop`` is "event" or "poll", or None to read
+  ``$HOTLOOP_ORCHESTRATOR_EVENT_DRIVEN`` (1/true/yes/on: event, 0/false/no/off: poll, any case; unset: event).
+- ``generate(prompt, max_tokens)`` is an async iterator of ``Packet`` from the last stage (tokens of an LLM stage,
+  float32 frames of a transform stage); the last packet has ``finished`` and a ``finish_reason``, and a request
+  ends exactly once. A stage forwards whole outputs to the next one, or (``stream_chunk_tokens`` on an LLM stage
+  feeding a transform) every N tokens as they come. Each request is bound to one replica per stage (least
+  in-flight, round-robin among equals) for the rest of that stage.
+- Event loop: one reader task per live replica awaits its output batches and puts them on one dispatch queue,
+  which one task consumes serially; the poll loop scans every replica with a 1 ms timeout and sleeps 1 ms when
+  idle. Both hand each batch to the same ``_handle_batch`` and each death to the same ``_evict``.
+- Readers are reconciled with the live replicas at once when membership changes (``add_replica``,
+  ``remove_replica``, ``swap_replica``) and every 0.5 s of wall-clock time as a safety net; a reader that ended
+  (its replica died) is not restarted against the dead replica.
+- A replica that dies is evicted: only requests bound to it fail (ReplicaDeadError to their callers), and a stage
+  left without replicas fails the requests that reach it; the orchestrator keeps serving. ``abort`` reaches only
+  the stages and replicas holding the request; the caller gets what was produced and a final "abort" packet.
+  ``shutdown`` cancels and awaits every task and shuts each replica down once.
+- ``on_stats(stage, replica, StatsReport)`` receives stats-only batches; ``monitor`` counts loop idle/active turns
+  (not comparable across loops: the poll loop counts scans, the event loop counts dispatches), the dispatch queue's
+  high water mark, evictions, and in-flight requests per replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from hotloop.engine import tokenizer
+from hotloop.engine.protocol import AddRequest
+from hotloop.engine.scheduler import RequestError
+from hotloop.orchestrator.replica import Batch, Replica, ReplicaDeadError, StageOutput
+from hotloop.orchestrator.vocoder import TransformChunk
+
+ENV_EVENT_DRIVEN = "HOTLOOP_ORCHESTRATOR_EVENT_DRIVEN"
+RECONCILE_INTERVAL_S = 0.5
+_log = logging.getLogger("hotloop.orchestrator")
+
+
+def loop_from_env(value: str | None) -> str:
+    if value is None or not value.strip():
+        return "event"
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return "event"
+    if v in ("0", "false", "no", "off"):
+        return "poll"
+    raise ValueError(f"${ENV_EVENT_DRIVEN}={value!r}: use 1/true/yes/on (event loop) or 0/false/no/off (poll loop)")
+
+
+@dataclass
+class StageSpec:
+    kind: str  # "llm" or "transform"
+    replicas: int = 1
+    name: str = ""
+    options: dict = field(default_factory=dict)  # EngineCore arguments (llm) or Vocoder arguments (transform)
+    max_tokens: int = 16  # an LLM stage after the first: tokens it generates from the previous stage's output
+    stream_chunk_tokens: int | None = None  # an LLM stage feeding a transform: forward every N tokens
+
+
+@dataclass
+class Packet:
+    request_id: str
+    tokens: list[int] | None = None
+    frames: bytes | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Stage:
+    spec: StageSpec
+    index: int
+    replicas: list[Replica] = field(default_factory=list)
+    rr: int = 0
+
+
+@dataclass
+class _Request:
+    rid: str
+    out: asyncio.Queue
+    bound: dict[int, Replica] = field(default_factory=dict)  # stage -> replica, while the stage works on it
+    buffer: list[int] = field(default_factory=list)  # tokens not yet forwarded
+    done: bool = False
+
+
+@dataclass
+class Monitor:
+    loop_idle: int = 0
+    loop_active: int = 0
+    dispatch_high_water: int = 0
+    evictions: int = 0
+    stats_batches: int = 0
+    finished_only_outputs: int = 0
+    inflight: dict[str, int] = field(default_factory=dict)  # replica name -> requests bound to it
+
+
+class Orchestrator:
+    def __init__(self, stages: list[StageSpec], loop: str | None = None):
+        self.loop = loop if loop is not None else loop_from_env(os.environ.get(ENV_EVENT_DRIVEN))
+        if self.loop not in ("event", "poll"):
+            raise ValueError(f"loop must be 'event' or 'poll', got {self.loop!r}")
+        if not stages:
+            raise ValueError("a pipeline needs at least one stage")
+        self.stages = [_Stage(s, i) for i, s in enumerate(stages)]
+        self.monitor = Monitor()
+        self.on_stats = None  # callable(stage_index, replica, StatsReport)
+        self.loop_ran = False  # set by the selected loop's first turn (tests check the right one runs)
+        self._requests: dict[str, _Request] = {}
+        self._ids = itertools.count()
+        self._dispatch: asyncio.Queue = asyncio.Queue()
+        self._readers: dict[Replica, asyncio.Task] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._shut: set[Replica] = set()
+        self._names = itertools.count()
+        self._closed = False
+
+    @classmethod
+    async def start(cls, stages: list[StageSpec], loop: str | None = None) -> "Orchestrator":
+        self = cls(stages, loop)
+        try:
+            starts = [self._new_replica(st) for st in self.stages for _ in range(st.spec.replicas)]
+            for st, r in zip([st for st in self.stages for _ in range(st.spec.replicas)], await asyncio.gather(*starts)):
+                st.replicas.append(r)
+        except BaseException:
+            await self.shutdown()
+            raise
+        if self.loop == "event":
+            self._tasks.append(asyncio.create_task(self._event_loop(), name="hotloop-orch-dispatch"))
+            self._tasks.append(asyncio.create_task(self._reconcile_schedule(), name="hotloop-orch-reconcile"))
+            self._reconcile()
+        else:
+            self._tasks.append(asyncio.create_task(self._poll_loop(), name="hotloop-orch-poll"))
+        return self
+
+    async def _new_replica(self, stage: _Stage) -> Replica:
+        name = f"{stage.spec.name or stage.spec.kind}{stage.index}-r{next(self._names)}"
+        return await Replica.start(stage.spec.kind, name, **stage.spec.options)
+
+    # ---- membership ----
+
+    async def add_replica(self, stage_index: int, replica: Replica | None = None) -> Replica:
+        stage = self.stages[stage_index]
+        replica = replica or await self._new_replica(stage)
+        stage.replicas.append(replica)
+        self._reconcile()
+        return replica
+
+    async def remove_replica(self, stage_index: int, replica: Replica) -> None:
+        """Take a replica out (its bound requests fail) and shut it down."""
+        self._evict(stage_index, replica, "removed from the pipeline")
+
+    def swap_replica(self, stage_index: int, old: Replica, new: Replica) -> None:
+        """Replace a replica's client in place; its reader is replaced at once."""
+        reps = self.stages[stage_index].replicas
+        reps[reps.index(old)] = new
+        for req in self._requests.values():
+            if req.bound.get(stage_index) is old:
+                req.bound[stage_index] = new
+        self._reconcile()
+
+    def _reconcile(self) -> None:
+        if self.loop != "event" or self._closed:
+            return
+        live = {r for st in self.stages for r in st.replicas}
+        for r, task in list(self._readers.items()):
+            if r not in live:
+                task.cancel()
+                del self._readers[r]
+        for st in self.stages:
+            for r in st.replicas:
+                if r not in self._readers:  # a reader that ended stays ended: eviction removes its replica
+                    self._readers[r] = asyncio.create_task(self._reader(st.index, r), name=f"hotloop-orch-{r.name}")
+
+    async def _reconcile_schedule(self):
+        while True:
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            self._reconcile()
+
+    # ---- the loops ----
+
+    async def _reader(self, stage_index: int, replica: Replica):
+        while True:
+            try:
+                batch = await replica.read_batch()
+            except ReplicaDeadError as e:
+                self._put(("dead", stage_index, replica, str(e)))
+                return
+            self._put(("batch", stage_index, replica, batch))
+
+    def _put(self, item) -> None:
+        self._dispatch.put_nowait(item)
+        self.monitor.dispatch_high_water = max(self.monitor.dispatch_high_water, self._dispatch.qsize())
+
+    async def _event_loop(self):
+        self.loop_ran = True
+        while True:
+            if self._dispatch.empty():
+                self.monitor.loop_idle += 1
+            kind, stage_index, replica, payload = await self._dispatch.get()
+            self.monitor.loop_active += 1
+            if kind == "batch":
+                self._handle_batch(stage_index, replica, payload)
+            else:
+                self._evict(stage_index, replica, payload)
+
+    async def _poll_loop(self):
+        self.loop_ran = True
+        while True:
+            progressed = False
+            for st in self.stages:
+                for replica in list(st.replicas):
+                    try:
+                        batch = await asyncio.wait_for(replica.read_batch(), 0.001)
+                    except asyncio.TimeoutError:
+                        continue
+                    except ReplicaDeadError as e:
+                        self._evict(st.index, replica, str(e))
+                    else:
+                        self._handle_batch(st.index, replica, batch)
+                    progressed = True
+            if progressed:
+                self.monitor.loop_active += 1
+            else:
+                self.monitor.loop_idle += 1
+                await asyncio.sleep(0.001)
+
+    # ---- per-batch handling (both loops) ----
+
+    def _handle_batch(self, stage_index: int, replica: Replica, batch: Batch) -> None:
+        if batch.stats is not None:
+            self.monitor.stats_batches += 1
+            if self.on_stats:
+                self.on_stats(stage_index, replica, batch.stats)
+        for out in batch.outputs:
+            req = self._requests.get(out.request_id)
+            if req is None or req.done:
+                continue  # a request that already ended (e.g. an abort's echo from another stage)
+            if out.finished and not out.tokens and not out.frames:
+                self.monitor.finished_only_outputs += 1
+            try:
+                self._advance(req, stage_index, out)
+            except Exception as e:  # not attributable to a replica: fail this request only, evict nothing
+                _log.exception("orchestrator: handling output of request %s failed", req.rid)
+                self._end(req, error=RuntimeError(f"request {req.rid}: the orchestrator failed to route an output: {e!r}"))
+
+    def _advance(self, req: _Request, si: int, out: StageOutput) -> None:
+        stage = self.stages[si]
+        if out.error or out.finish_reason == "engine_dead":
+            self._end(req, error=RequestError(f"request {req.rid} failed in stage {si}: {out.error}"))
+            return
+        if out.finish_reason == "abort":
+            self._end(req, Packet(req.rid, finished=True, finish_reason="abort"))
+            return
+        if out.finished:
+            self._unbind(req, si)
+        last = si == len(self.stages) - 1
+        if last:
+            self._deliver(req, Packet(req.rid, out.tokens, out.frames, out.finished, out.finish_reason))
+            if out.finished:
+                self._end(req)
+            return
+        nxt = self.stages[si + 1]
+        req.buffer += out.tokens or []
+        chunk = stage.spec.stream_chunk_tokens if nxt.spec.kind == "transform" else None
+        if chunk and (len(req.buffer) >= chunk or out.finished):
+            while len(req.buffer) >= chunk or (out.finished and req.buffer is not None):
+                part, req.buffer = req.buffer[:chunk], req.buffer[chunk:]
+                final = out.finished and not req.buffer
+                self._forward(req, nxt, TransformChunk(req.rid, part, final))
+                if final or req.done:
+                    break
+        elif out.finished:
+            tokens, req.buffer = req.buffer, []
+            if nxt.spec.kind == "transform":
+                self._forward(req, nxt, TransformChunk(req.rid, tokens, True))
+            else:
+                self._forward(req, nxt, AddRequest(req.rid, tokens, nxt.spec.max_tokens))
+
+    def _forward(self, req: _Request, stage: _Stage, message) -> None:
+        replica = req.bound.get(stage.index)
+        if replica is None:
+            replica = self._route(stage)
+            if replica is None:
+                self._end(req, error=ReplicaDeadError(f"request {req.rid}: stage {stage.index} "
+                                                      f"({stage.spec.kind}) has no live replica"))
+                return
+            req.bound[stage.index] = replica
+            self.monitor.inflight[replica.name] = self.monitor.inflight.get(replica.name, 0) + 1
+        try:
+            replica.submit(message)
+        except ReplicaDeadError as e:
+            self._end(req, error=e)
+
+    def _route(self, stage: _Stage) -> Replica | None:
+        live = [r for r in stage.replicas if r.alive]
+        if not live:
+            return None
+        n = len(live)
+        order = [live[(stage.rr + i) % n] for i in range(n)]
+        stage.rr = (stage.rr + 1) % n
+        return min(order, key=lambda r: self.monitor.inflight.get(r.name, 0))
+
+    def _unbind(self, req: _Request, si: int) -> None:
+        r = req.bound.pop(si, None)
+        if r is not None:
+            self.monitor.inflight[r.name] -= 1
+
+    def _deliver(self, req: _Request, packet: Packet) -> None:
+        req.out.put_nowait(packet)
+
+    def _end(self, req: _Request, packet: Packet | None = None, error: BaseException | None = None) -> None:
+        """The request's single terminal event: a final packet, an error, or (packet None) already delivered."""
+        if req.done:
+            return
+        req.done = True
+        for si in list(req.bound):
+            replica = req.bound[si]
+            if error is not None or (packet is not None and packet.finish_reason == "abort"):
+                replica.abort(req.rid)  # stop work still running for it in other stages
+            self._unbind(req, si)
+        if error is not None:
+            req.out.put_nowait(error)
+        elif packet is not None:
+            req.out.put_nowait(packet)
+        self._requests.pop(req.rid, None)
+
+    def _evict(self, stage_index: int, replica: Replica, why: str) -> None:
+        stage = self.stages[stage_index]
+        if replica not in stage.replicas:
+            return  # already evicted
+        stage.replicas.remove(replica)
+        self.monitor.evictions += 1
+        task = self._readers.pop(replica, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        for req in list(self._requests.values()):
+            if req.bound.get(stage_index) is replica:
+                req.bound.pop(stage_index)
+                self.monitor.inflight[replica.name] -= 1
+                self._end(req, error=ReplicaDeadError(f"request {req.rid}: replica {replica.name} of stage "
+                                                      f"{stage_index} failed: {why}"))
+        self._spawn_shutdown(replica)
+        self._reconcile()
+
+    def _spawn_shutdown(self, replica: Replica) -> None:
+        if replica in self._shut:
+            return
+        self._shut.add(replica)
+        self._tasks.append(asyncio.create_task(replica.shutdown(), name=f"hotloop-orch-reap-{replica.name}"))
+
+    # ---- API ----
+
+    async def generate(self, prompt, max_tokens: int = 16, request_id: str | None = None, **sampling):
+        """Async iterator of the last stage's packets for one request (see the module contract)."""
+        if self._closed:
+            raise RuntimeError("the orchestrator is shut down")
+        rid = request_id if request_id is not None else f"orq-{next(self._ids)}"
+        if rid in self._requests:
+            raise RequestError(f"request id {rid!r} is already in the pipeline")
+        req = self._requests[rid] = _Request(rid, asyncio.Queue())
+        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        first = self.stages[0]
+        if first.spec.kind == "llm":
+            self._forward(req, first, AddRequest(rid, ids, int(max_tokens), **sampling))
+        else:
+            self._forward(req, first, TransformChunk(rid, ids, True))
+        finished = False
+        try:
+            while True:
+                item = await req.out.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished and not req.done:
+                self.abort(rid)
+
+    def abort(self, request_id: str) -> None:
+        """End a request: only the stages and replicas holding it are told."""
+        req = self._requests.get(request_id)
+        if req is not None:
+            self._end(req, Packet(request_id, finished=True, finish_reason="abort"))
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for req in list(self._requests.values()):
+            self._end(req, error=RuntimeError(f"request {req.rid}: the orchestrator shut down"))
+        loops = self._tasks[:] + list(self._readers.values())
+        for t in loops:
+            if not t.get_name().startswith("hotloop-orch-reap-"):
+                t.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        self._readers.clear()
+        for st in self.stages:
+            for r in st.replicas:
+                if r not in self._shut:
+                    self._shut.add(r)
+                    await r.shutdown()
+        self._tasks.clear()

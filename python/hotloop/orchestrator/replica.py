@@ -1,0 +1,135 @@
+"""A stage replica as the orchestrator sees it: a process it sends requests to and whose output batches it awaits.
+
+Contract: ``await Replica.start(kind, **kwargs)`` starts an LLM engine process (kind "llm", the hotloop engine)
+or a transform process (kind "transform", the vocoder). ``submit(message)`` sends without blocking; ``abort``
+sends an abort; ``await read_batch()`` returns the next ``Batch`` (outputs, and/or engine stats: a batch may
+carry only stats or only a finished id, and is returned all the same). If the process dies, ``read_batch``
+raises ReplicaDeadError (the process sentinel is awaited with the socket; no polling). A ``read_batch`` cancelled
+by a timeout loses nothing: the receive it started is kept and finished by the next call. ``shutdown()`` stops
+and reaps the process once (later calls do nothing; ``shutdown_calls`` counts them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from hotloop.engine.client import EngineDeadError, EngineProcess
+from hotloop.engine.protocol import AbortRequest, OutputBatch, StatsReport, engine_decoder
+from hotloop.orchestrator import vocoder
+
+
+class ReplicaDeadError(EngineDeadError):
+    """The replica's process died."""
+
+
+@dataclass
+class StageOutput:
+    request_id: str
+    tokens: list[int] | None = None  # an LLM stage's new tokens
+    frames: bytes | None = None  # a transform stage's float32 samples
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Batch:
+    outputs: list[StageOutput] = field(default_factory=list)
+    stats: StatsReport | None = None
+
+
+class Replica:
+    def __init__(self):
+        self.kind = ""
+        self.name = ""
+        self.shutdown_calls = 0
+        self._proc: EngineProcess | None = None
+        self._recv: asyncio.Future | None = None
+        self._death: asyncio.Future | None = None
+
+    @classmethod
+    async def start(cls, kind: str, name: str = "", start_timeout: float = 120, **kwargs) -> "Replica":
+        self = cls()
+        self.kind, self.name = kind, name or kind
+        self._ctx = zmq.Context()
+        if kind == "llm":
+            self._proc = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout)
+        elif kind == "transform":
+            self._proc = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout,
+                                                 vocoder.transform_main, "hotloop-transform")
+        else:
+            raise ValueError(f"replica kind must be 'llm' or 'transform', got {kind!r}")
+        self._sock = zmq.asyncio.Socket.from_socket(self._proc.outputs)
+        loop = asyncio.get_running_loop()
+        self._death = loop.create_future()
+        loop.add_reader(self._proc.proc.sentinel, self._on_death)
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self._proc.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._death is not None and not self._death.done() and self._proc is not None
+
+    def _on_death(self):
+        asyncio.get_running_loop().remove_reader(self._proc.proc.sentinel)
+        self._proc.proc.join(1)
+        self._proc.dead = True
+        if not self._death.done():
+            self._death.set_result(self._proc.death_message())
+
+    def submit(self, message) -> None:
+        if not self.alive:
+            raise ReplicaDeadError(f"replica {self.name} is not running")
+        self._proc.send(message)
+
+    def abort(self, request_id: str) -> None:
+        if self.alive:
+            self._proc.send(AbortRequest([request_id]))
+
+    async def read_batch(self) -> Batch:
+        if self._recv is None:
+            self._recv = asyncio.ensure_future(self._sock.recv())
+        if not self._recv.done():
+            await asyncio.wait({self._recv, self._death}, return_when=asyncio.FIRST_COMPLETED)
+        if not self._recv.done():  # only the death completed: every output it sent was read before
+            raise ReplicaDeadError(f"replica {self.name}: {self._death.result()}")
+        data, self._recv = self._recv.result(), None
+        return self._decode(data)
+
+    def _decode(self, data: bytes) -> Batch:
+        if self.kind == "transform":
+            msg = vocoder.output_decoder.decode(data)
+            return Batch([StageOutput(o.request_id, None, o.frames, o.finished, o.finish_reason, o.error)
+                          for o in msg.outputs])
+        msg = engine_decoder.decode(data)
+        if isinstance(msg, StatsReport):
+            return Batch([], msg)
+        assert isinstance(msg, OutputBatch)
+        return Batch([StageOutput(o.request_id, o.new_token_ids, None, o.finished, o.finish_reason, o.error)
+                      for o in msg.outputs])
+
+    async def shutdown(self) -> None:
+        self.shutdown_calls += 1
+        if self._proc is None:
+            return
+        proc, self._proc = self._proc, None
+        if self._recv is not None:
+            self._recv.cancel()
+        if not proc.dead:
+            asyncio.get_running_loop().remove_reader(proc.proc.sentinel)
+        if self._death is not None and not self._death.done():
+            self._death.set_result("shut down")
+        self._sock.close(linger=0)
+        await asyncio.to_thread(proc.stop, not proc.dead, False)
+        self._ctx.term()
+
+    def kill(self) -> None:
+        """Tests: SIGKILL the replica's process."""
+        self._proc.proc.kill()

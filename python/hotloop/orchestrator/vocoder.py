@@ -1,0 +1,98 @@
+"""The transform stage: a small torch "vocoder" that turns chunks of tokens into float audio frames, in its own
+process, served like an engine (requests in, output batches out, over ZeroMQ).
+
+Contract: ``TransformChunk(request_id, token_ids, final)`` in; for each chunk one ``TransformOutput`` with
+``HOP`` float32 samples per token (``finished`` on the final chunk). ``AbortRequest`` forgets a request (a chunk
+that arrives for it later is dropped); ``ShutdownRequest`` stops the process. Weights are seeded, so the same
+tokens give the same frames. The process dies with its parent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import msgspec
+import zmq
+
+from hotloop.engine.lifecycle import die_with_parent
+from hotloop.engine.protocol import AbortRequest, ShutdownRequest
+
+HOP = 80  # samples per token: 5 ms of audio at 16 kHz
+SAMPLE_RATE = 16000
+
+
+class TransformChunk(msgspec.Struct, array_like=True, tag="chunk"):
+    request_id: str
+    token_ids: list[int]
+    final: bool = False
+
+
+class TransformOutput(msgspec.Struct, array_like=True):
+    request_id: str
+    frames: bytes  # float32 samples
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class TransformBatch(msgspec.Struct, array_like=True, tag="tout"):
+    outputs: list[TransformOutput]
+
+
+TransformInput = TransformChunk | AbortRequest | ShutdownRequest
+input_decoder = msgspec.msgpack.Decoder(TransformInput)
+output_decoder = msgspec.msgpack.Decoder(TransformBatch)
+encoder = msgspec.msgpack.Encoder()
+
+
+class Vocoder:
+    def __init__(self, vocab: int = 258, dim: int = 64, seed: int = 1):
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        self.embed = torch.randn(vocab, dim, generator=g)
+        self.w = torch.randn(dim, HOP, generator=g) / dim ** 0.5
+
+    def __call__(self, token_ids: list[int]) -> bytes:
+        import torch
+
+        with torch.inference_mode():
+            x = torch.tanh(self.embed[torch.tensor(token_ids, dtype=torch.long)] @ self.w)
+        return x.reshape(-1).to(torch.float32).numpy().tobytes()
+
+
+def transform_main(in_addr: str, out_addr: str, kwargs: dict, parent_pid: int, ready_conn) -> None:
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    vocoder = Vocoder(**kwargs)
+    ctx = zmq.Context()
+    inp = ctx.socket(zmq.PULL)
+    inp.connect(in_addr)
+    out = ctx.socket(zmq.PUSH)
+    out.setsockopt(zmq.LINGER, 2000)
+    out.connect(out_addr)
+    ready_conn.send(os.getpid())
+    ready_conn.close()
+    aborted: set[str] = set()
+    lock = threading.Lock()
+    while True:
+        msg = input_decoder.decode(inp.recv())  # one blocking receive per message: no polling
+        if isinstance(msg, ShutdownRequest):
+            break
+        if isinstance(msg, AbortRequest):
+            with lock:
+                aborted.update(msg.request_ids)
+            out.send(encoder.encode(TransformBatch([TransformOutput(r, b"", True, "abort") for r in msg.request_ids])))
+            continue
+        if msg.request_id in aborted:
+            continue
+        try:
+            frames = vocoder(msg.token_ids) if msg.token_ids else b""
+            res = TransformOutput(msg.request_id, frames, msg.final, "stop" if msg.final else None)
+        except Exception as e:  # a bad chunk fails its request only
+            res = TransformOutput(msg.request_id, b"", True, "error", f"transform failed: {e!r}")
+        out.send(encoder.encode(TransformBatch([res])))
+    out.close()
+    os._exit(0)
