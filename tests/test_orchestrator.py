@@ -246,3 +246,30 @@ def test_no_duplicate_terminal_output_and_bad_input(loop_kind):
         await finish(orch, loop_kind)
 
     run(main())
+
+
+def test_the_reconcile_schedule_finds_replicas_added_behind_the_api_under_traffic(loop_kind, monkeypatch):
+    import hotloop.orchestrator.orchestrator as orchestrator_module
+
+    monkeypatch.setattr(orchestrator_module, "RECONCILE_INTERVAL_S", 0.2)
+
+    async def main():
+        orch = await started([StageSpec("transform")], loop_kind)
+        stray = await Replica.start("transform", "stray")
+        orch.stages[0].replicas.append(stray)  # no add_replica: only the schedule (or the poll scan) can see it
+
+        async def traffic():
+            while True:
+                await collect(orch, [5, 6])
+
+        busy = asyncio.create_task(traffic())
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and loop_kind == "event" and stray not in orch._readers:
+            await asyncio.sleep(0.05)
+        busy.cancel()
+        await asyncio.gather(busy, return_exceptions=True)
+        if loop_kind == "event":
+            assert stray in orch._readers, "continuous traffic starved the reconcile schedule"
+        await finish(orch, loop_kind)
+
+    run(main())

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hotloop", description="hotloop: the hot loop of LLM serving, made cheap.")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="run benchmarks (each next to the baseline it replaces)")
-    b.add_argument("names", nargs="*", help="which benchmarks (default: all): wait, queue, notifier, engine")
+    b.add_argument("names", nargs="*", help="which benchmarks (default: all): wait, queue, notifier, engine, orchestrator")
     b.add_argument("--full", action="store_true", help="long runs with more repeats (default: short runs)")
     b.add_argument("--quick", action="store_true", help="short runs (the default; kept for scripts)")
     b.add_argument("--plot", metavar="PATH", default="hotloop-bench-engine.png",

@@ -3,11 +3,12 @@
 Run them with ``hotloop bench [NAME ...] [--quick] [--json PATH]``; ``BENCHMARKS`` maps names to runners.
 """
 
-from hotloop.bench import engine_bench, notifier_bench, queue_bench, wait_bench
+from hotloop.bench import engine_bench, notifier_bench, orchestrator_bench, queue_bench, wait_bench
 
 BENCHMARKS = {
     "wait": wait_bench.run,
     "queue": queue_bench.run,
     "notifier": notifier_bench.run,
     "engine": engine_bench.run,
+    "orchestrator": orchestrator_bench.run,
 }

@@ -14,7 +14,7 @@ Contract:
   which one task consumes serially; the poll loop scans every replica with a 1 ms timeout and sleeps 1 ms when
   idle. Both hand each batch to the same ``_handle_batch`` and each death to the same ``_evict``.
 - Readers are reconciled with the live replicas at once when membership changes (``add_replica``,
-  ``remove_replica``, ``swap_replica``) and every 0.5 s of wall-clock time as a safety net; a reader that ended
+  ``remove_replica``, ``swap_replica``) and every RECONCILE_INTERVAL_S (2 s) of wall-clock time as a safety net; a reader that ended
   (its replica died) is not restarted against the dead replica.
 - A replica that dies is evicted: only requests bound to it fail (ReplicaDeadError to their callers), and a stage
   left without replicas fails the requests that reach it; the orchestrator keeps serving. ``abort`` reaches only
@@ -41,7 +41,10 @@ from hotloop.orchestrator.replica import Batch, Replica, ReplicaDeadError, Stage
 from hotloop.orchestrator.vocoder import TransformChunk
 
 ENV_EVENT_DRIVEN = "HOTLOOP_ORCHESTRATOR_EVENT_DRIVEN"
-RECONCILE_INTERVAL_S = 0.5
+# The safety-net schedule. Each wake of an idle event loop costs ~0.4 ms of CPU on a small VM (measured: 0.078 %
+# of a core idle at 0.5 s, 0.023 % at 2 s, 0.003 % without it), and membership changes made through the API
+# reconcile at once anyway, so the schedule only has to catch changes made behind the API's back.
+RECONCILE_INTERVAL_S = 2.0
 _log = logging.getLogger("hotloop.orchestrator")
 
 
