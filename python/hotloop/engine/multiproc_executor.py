@@ -89,17 +89,8 @@ class MultiprocExecutor:
             self._procs.append(p)
             conns.append(parent)
         try:
-            ready = mpc.wait([conns[0], self._procs[0].sentinel], timeout=start_timeout)
-            if conns[0] not in ready:
-                raise ExecutorError(f"worker rank 0 did not start within {start_timeout} s (exit code "
-                                    f"{self._procs[0].exitcode}); see its output above")
-            try:
-                handle = conns[0].recv()
-            except EOFError:
-                self._procs[0].join(5)
-                raise ExecutorError(f"worker rank 0 exited during start-up (exit code {self._procs[0].exitcode}); "
-                                    "see its output above") from None
-            self._response = MessageQueue.create_from_handle(handle, 0)
+            handles = [self._await_ready(rank, conn, start_timeout) for rank, conn in enumerate(conns)]
+            self._response = MessageQueue.create_from_handle(handles[0], 0)
             self._bcast.wait_until_ready(start_timeout)
         except BaseException:
             self._stop()
@@ -110,6 +101,20 @@ class MultiprocExecutor:
         self._stopping = False
         self._monitor = threading.Thread(target=self._watch_workers, name="hotloop-worker-monitor", daemon=True)
         self._monitor.start()
+
+    def _await_ready(self, rank: int, conn, timeout: float):
+        """What worker `rank` sends once it serves (rank 0: the response queue's handle); every rank reports,
+        so a worker that fails to start is named here instead of hanging the others."""
+        proc = self._procs[rank]
+        if conn not in mpc.wait([conn, proc.sentinel], timeout=timeout):
+            raise ExecutorError(f"worker rank {rank} did not start within {timeout} s (exit code {proc.exitcode}); "
+                                "see its output above")
+        try:
+            return conn.recv()
+        except EOFError:
+            proc.join(5)
+            raise ExecutorError(f"worker rank {rank} exited during start-up (exit code {proc.exitcode}); "
+                                "see its output above") from None
 
     def _watch_workers(self):
         sentinels = {p.sentinel: (rank, p) for rank, p in enumerate(self._procs)}

@@ -66,6 +66,18 @@ def _output_thread(sock: zmq.Socket, outputs: InputQueue):
             sock.send(encoder.encode(OutputBatch(batch)))
 
 
+def connect_to_client(input_addr: str, output_addr: str) -> tuple[zmq.Socket, zmq.Socket]:
+    """A stage process's two sockets: PULL from the client's requests, PUSH to its outputs (the client bound
+    both). The output socket lingers 2 s at close so the last outputs reach the client."""
+    ctx = zmq.Context()
+    in_sock = ctx.socket(zmq.PULL)
+    in_sock.connect(input_addr)
+    out_sock = ctx.socket(zmq.PUSH)
+    out_sock.setsockopt(zmq.LINGER, 2000)
+    out_sock.connect(output_addr)
+    return in_sock, out_sock
+
+
 def engine_main(input_addr: str, output_addr: str, engine_kwargs: dict, parent_pid: int, ready_conn) -> None:
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client owns Ctrl-C; it shuts the engine down
@@ -75,12 +87,7 @@ def engine_main(input_addr: str, output_addr: str, engine_kwargs: dict, parent_p
     except BaseException as e:
         ready_conn.send(f"engine start-up failed: {e!r}")
         raise
-    ctx = zmq.Context()
-    in_sock = ctx.socket(zmq.PULL)
-    in_sock.connect(input_addr)
-    out_sock = ctx.socket(zmq.PUSH)
-    out_sock.setsockopt(zmq.LINGER, 2000)
-    out_sock.connect(output_addr)
+    in_sock, out_sock = connect_to_client(input_addr, output_addr)
     threading.Thread(target=_input_thread, args=(in_sock, core.input_queue), name="hotloop-engine-input",
                      daemon=True).start()
     sender = threading.Thread(target=_output_thread, args=(out_sock, outputs), name="hotloop-engine-output",

@@ -234,7 +234,7 @@ class Orchestrator:
                 self.monitor.loop_active += 1
             else:
                 self.monitor.loop_idle += 1
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # the legacy poll loop's idle sleep (A/B baseline)
 
     # ---- per-batch handling (both loops) ----
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 
 import msgspec
-import zmq
 
 from hotloop.engine.lifecycle import die_with_parent
+from hotloop.engine.process import connect_to_client
 from hotloop.engine.protocol import AbortRequest, ShutdownRequest
 
 HOP = 80  # samples per token: 5 ms of audio at 16 kHz
@@ -67,23 +66,16 @@ def transform_main(in_addr: str, out_addr: str, kwargs: dict, parent_pid: int, r
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     vocoder = Vocoder(**kwargs)
-    ctx = zmq.Context()
-    inp = ctx.socket(zmq.PULL)
-    inp.connect(in_addr)
-    out = ctx.socket(zmq.PUSH)
-    out.setsockopt(zmq.LINGER, 2000)
-    out.connect(out_addr)
+    inp, out = connect_to_client(in_addr, out_addr)
     ready_conn.send(os.getpid())
     ready_conn.close()
     aborted: set[str] = set()
-    lock = threading.Lock()
     while True:
         msg = input_decoder.decode(inp.recv())  # one blocking receive per message: no polling
         if isinstance(msg, ShutdownRequest):
             break
         if isinstance(msg, AbortRequest):
-            with lock:
-                aborted.update(msg.request_ids)
+            aborted.update(msg.request_ids)
             out.send(encoder.encode(TransformBatch([TransformOutput(r, b"", True, "abort") for r in msg.request_ids])))
             continue
         if msg.request_id in aborted:
