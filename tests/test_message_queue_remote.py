@@ -13,6 +13,7 @@ import pytest
 
 import hotloop
 from hotloop import ClosedError, DeadPeerError, MessageQueue
+from test_message_queue import _attach_and_hang  # a reader process that attaches and waits to be killed
 
 CTX = mp.get_context("fork")
 CHUNK = (1 << 16) // 4 - 64  # a 64 KiB ring for the local reader
@@ -130,12 +131,6 @@ def test_a_killed_writer_is_detected_by_a_parked_remote_reader():
     assert time.monotonic() - t0 < 1.5
     p.join()
     r.close()
-
-
-def _attach_and_hang(handle, rank):
-    reader = MessageQueue.create_from_handle(handle, rank)  # held (not read from) until killed
-    time.sleep(60)
-    reader.close()
 
 
 @pytest.mark.parametrize("policy", ["raise", "drop"])

@@ -51,9 +51,11 @@ class EngineProcess:
         self._dir = tempfile.mkdtemp(prefix=name + "-")
         in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
         self.ctx = ctx
+        # Requests: the process binds, this side connects once it is ready, so the pipe exists from then on and a
+        # send never blocks (a bound PUSH with no peer would block, and an event loop with it).
         self.requests = ctx.socket(zmq.PUSH)
         self.requests.setsockopt(zmq.LINGER, 0)
-        self.requests.bind(in_addr)
+        self.requests.setsockopt(zmq.SNDHWM, 0)
         self.outputs = ctx.socket(zmq.PULL)
         self.outputs.setsockopt(zmq.LINGER, 0)
         self.outputs.bind(out_addr)
@@ -75,12 +77,26 @@ class EngineProcess:
             self.stop(graceful=False)
             why = msg or f"exit code {self.proc.exitcode}" if self.proc.exitcode is not None else "no answer"
             raise EngineDeadError(f"the {name} process did not start ({why}); see its output above")
+        self.requests.connect(in_addr)
         self.pid = msg
         self.dead = False
         self.dead_reason: str | None = None  # what the engine said when its executor failed
 
     def send(self, msg) -> None:
-        self.requests.send(encoder.encode(msg))
+        """Never blocks: a PUSH socket whose peer is gone would wait forever (and an event loop with it)."""
+        try:
+            self.requests.send(encoder.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:  # not expected with an unlimited queue; never block instead
+            raise EngineDeadError(f"the {self.proc.name} process (pid {self.proc.pid}) does not take requests; "
+                                  "nothing sent to it will be answered") from None
+
+    def abort_quietly(self, request_id: str) -> None:
+        """Abort a request a caller left; nothing to do if the process is gone."""
+        if not self.dead:
+            try:
+                self.send(AbortRequest([request_id]))
+            except EngineDeadError:
+                pass
 
     def death_message(self) -> str:
         if self.dead_reason:
@@ -95,7 +111,7 @@ class EngineProcess:
         if graceful and self.proc.exitcode is None:
             try:
                 self.send(ShutdownRequest())
-            except zmq.ZMQError:
+            except (zmq.ZMQError, EngineDeadError):
                 pass
         stop_processes([self.proc], grace_s=5 if graceful else 0, term_s=2)
         self.requests.close(0)
@@ -196,8 +212,8 @@ class EngineClient:
                 self._pump()
         finally:
             self._streams.pop(rid, None)
-            if not stream.done and not self._engine.dead:
-                self._engine.send(AbortRequest([rid]))
+            if not stream.done:
+                self._engine.abort_quietly(rid)
 
     def abort(self, request_id: str) -> None:
         self._check_alive()
@@ -301,8 +317,8 @@ class AsyncEngineClient:
                 yield out
         finally:
             self._queues.pop(rid, None)
-            if not done and self._dead_error is None and self._engine is not None:
-                self._engine.send(AbortRequest([rid]))
+            if not done and self._engine is not None:
+                self._engine.abort_quietly(rid)
 
     async def abort(self, request_id: str) -> None:
         self._check_alive()

@@ -67,11 +67,12 @@ def _output_thread(sock: zmq.Socket, outputs: InputQueue):
 
 
 def connect_to_client(input_addr: str, output_addr: str) -> tuple[zmq.Socket, zmq.Socket]:
-    """A stage process's two sockets: PULL from the client's requests, PUSH to its outputs (the client bound
-    both). The output socket lingers 2 s at close so the last outputs reach the client."""
+    """A stage process's two sockets: PULL for the client's requests (bound here; the client connects once the
+    process reports ready), PUSH to its outputs (the client bound it). The output socket lingers 2 s at close so
+    the last outputs reach the client."""
     ctx = zmq.Context()
     in_sock = ctx.socket(zmq.PULL)
-    in_sock.connect(input_addr)
+    in_sock.bind(input_addr)
     out_sock = ctx.socket(zmq.PUSH)
     out_sock.setsockopt(zmq.LINGER, 2000)
     out_sock.connect(output_addr)

@@ -197,6 +197,9 @@ class Orchestrator:
             except ReplicaDeadError as e:
                 self._put(("dead", stage_index, replica, str(e)))
                 return
+            except Exception as e:  # its socket failed: attributable to this replica
+                self._put(("dead", stage_index, replica, f"reading its output failed: {e!r}"))
+                return
             self._put(("batch", stage_index, replica, batch))
 
     def _put(self, item) -> None:
@@ -227,6 +230,8 @@ class Orchestrator:
                         continue
                     except ReplicaDeadError as e:
                         self._evict(st.index, replica, str(e))
+                    except Exception as e:  # its socket failed: attributable to this replica
+                        self._evict(st.index, replica, f"reading its output failed: {e!r}")
                     else:
                         self._handle_batch(st.index, replica, batch)
                     progressed = True

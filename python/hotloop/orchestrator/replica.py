@@ -85,13 +85,21 @@ class Replica:
             self._death.set_result(self._proc.death_message())
 
     def submit(self, message) -> None:
+        """Send without blocking; ReplicaDeadError if the process is gone (even before its death is seen)."""
         if not self.alive:
             raise ReplicaDeadError(f"replica {self.name} is not running")
-        self._proc.send(message)
+        try:
+            self._proc.send(message)
+        except EngineDeadError as e:
+            raise ReplicaDeadError(f"replica {self.name}: {e}") from None
 
     def abort(self, request_id: str) -> None:
+        """Best effort: a replica that is gone has nothing to abort."""
         if self.alive:
-            self._proc.send(AbortRequest([request_id]))
+            try:
+                self._proc.send(AbortRequest([request_id]))
+            except EngineDeadError:
+                pass
 
     async def read_batch(self) -> Batch:
         if self._recv is None:
