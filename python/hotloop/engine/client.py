@@ -45,7 +45,7 @@ class EngineProcess:
     """Starts the engine process and owns the client's end of its sockets."""
 
     def __init__(self, ctx: zmq.Context, engine_kwargs: dict, start_timeout: float, target=engine_main,
-                 name: str = "hotloop-engine"):
+                 name: str = "hotloop-engine", async_outputs: bool = False):
         """Start `target(in_addr, out_addr, engine_kwargs, parent_pid, ready_conn)` in a new process (the
         engine's main, or another stage's with the same shape: it sends its pid on ready_conn when serving)."""
         self._dir = tempfile.mkdtemp(prefix=name + "-")
@@ -56,7 +56,10 @@ class EngineProcess:
         self.requests = ctx.socket(zmq.PUSH)
         self.requests.setsockopt(zmq.LINGER, 0)
         self.requests.setsockopt(zmq.SNDHWM, 0)
-        self.outputs = ctx.socket(zmq.PULL)
+        # async_outputs: an asyncio socket that owns its handle (a shadow of a sync socket would leave the sync
+        # object to close the handle a second time when it is collected)
+        out_ctx = zmq.asyncio.Context.shadow(ctx.underlying) if async_outputs else ctx
+        self.outputs = out_ctx.socket(zmq.PULL)
         self.outputs.setsockopt(zmq.LINGER, 0)
         self.outputs.bind(out_addr)
         parent, child = CTX.Pipe()
@@ -250,14 +253,15 @@ class AsyncEngineClient:
         self = cls()
         self._ctx = zmq.Context()  # requests go out with plain non-blocking sends; outputs are awaited
         kwargs = dict(model=model, executor=executor, tp=tp, wait_mode=wait_mode, **engine_kwargs)
-        self._engine = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout)
+        self._engine = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout, engine_main,
+                                               "hotloop-engine", True)
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats: asyncio.Queue = asyncio.Queue()
         self._ids = itertools.count()
         self._dead_error: EngineDeadError | None = None
         loop = asyncio.get_running_loop()
         loop.add_reader(self._engine.proc.sentinel, self._on_engine_death)
-        self._out = zmq.asyncio.Socket.from_socket(self._engine.outputs)
+        self._out = self._engine.outputs
         self._reader = asyncio.create_task(self._read_outputs(), name="hotloop-engine-outputs")
         return self
 

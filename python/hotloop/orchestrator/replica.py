@@ -15,9 +15,9 @@ import asyncio
 from dataclasses import dataclass, field
 
 import zmq
-import zmq.asyncio
 
 from hotloop.engine.client import EngineDeadError, EngineProcess
+from hotloop.engine.process import engine_main
 from hotloop.engine.protocol import AbortRequest, OutputBatch, StatsReport, engine_decoder
 from hotloop.orchestrator import vocoder
 
@@ -57,13 +57,14 @@ class Replica:
         self.kind, self.name = kind, name or kind
         self._ctx = zmq.Context()
         if kind == "llm":
-            self._proc = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout)
+            self._proc = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout, engine_main,
+                                                 "hotloop-engine", True)
         elif kind == "transform":
             self._proc = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout,
-                                                 vocoder.transform_main, "hotloop-transform")
+                                                 vocoder.transform_main, "hotloop-transform", True)
         else:
             raise ValueError(f"replica kind must be 'llm' or 'transform', got {kind!r}")
-        self._sock = zmq.asyncio.Socket.from_socket(self._proc.outputs)
+        self._sock = self._proc.outputs  # an asyncio socket
         loop = asyncio.get_running_loop()
         self._death = loop.create_future()
         loop.add_reader(self._proc.proc.sentinel, self._on_death)
