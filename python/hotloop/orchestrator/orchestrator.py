@@ -224,10 +224,12 @@ class Orchestrator:
             progressed = False
             for st in self.stages:
                 for replica in list(st.replicas):
+                    if replica not in st.replicas:
+                        continue  # evicted or swapped out during this scan
                     try:
-                        batch = await asyncio.wait_for(replica.read_batch(), 0.001)
-                    except asyncio.TimeoutError:
-                        continue
+                        batch = await replica.read_batch(timeout=0.001)
+                        if batch is None:
+                            continue
                     except ReplicaDeadError as e:
                         self._evict(st.index, replica, str(e))
                     except Exception as e:  # its socket failed: attributable to this replica

@@ -5,7 +5,7 @@ or a transform process (kind "transform", the vocoder). ``submit(message)`` send
 sends an abort; ``await read_batch()`` returns the next ``Batch`` (outputs, and/or engine stats: a batch may
 carry only stats or only a finished id, and is returned all the same). If the process dies, ``read_batch``
 raises ReplicaDeadError (the process sentinel is awaited with the socket; no polling). A ``read_batch`` cancelled
-by a timeout loses nothing: the receive it started is kept and finished by the next call. ``shutdown()`` stops
+with a timeout returns None and loses nothing: the receive it started is kept (never cancelled) for the next call. ``shutdown()`` stops
 and reaps the process once (later calls do nothing; ``shutdown_calls`` counts them).
 """
 
@@ -102,15 +102,25 @@ class Replica:
             except EngineDeadError:
                 pass
 
-    async def read_batch(self) -> Batch:
+    async def read_batch(self, timeout: float | None = None) -> Batch | None:
+        """The next batch; None if `timeout` seconds pass first (nothing is cancelled then: the receive stays
+        pending for the next call). ReplicaDeadError once the process died (after every batch it sent) or was
+        shut down."""
         if self._recv is None:
+            if self._proc is None:
+                raise ReplicaDeadError(f"replica {self.name} was shut down")
             self._recv = asyncio.ensure_future(self._sock.recv())
-        if not self._recv.done():
-            await asyncio.wait({self._recv, self._death}, return_when=asyncio.FIRST_COMPLETED)
-        if not self._recv.done():  # only the death completed: every output it sent was read before
+        recv = self._recv
+        if not recv.done():
+            await asyncio.wait({recv, self._death}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if recv.done():
+            self._recv = None
+            if recv.cancelled():  # shutdown() cancelled it
+                raise ReplicaDeadError(f"replica {self.name} was shut down")
+            return self._decode(recv.result())
+        if self._death.done():  # only the death completed: every output it sent was read before
             raise ReplicaDeadError(f"replica {self.name}: {self._death.result()}")
-        data, self._recv = self._recv.result(), None
-        return self._decode(data)
+        return None
 
     def _decode(self, data: bytes) -> Batch:
         if self.kind == "transform":
