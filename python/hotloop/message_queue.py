@@ -26,20 +26,24 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hotloop import _core
 from hotloop import serialization
 from hotloop._core import BadHandleError, ClosedError, DeadPeerError, QueueTimeout, WaitPolicy
 from hotloop.remote_queue import RemotePublisher, RemoteSubscriber
 
-HANDLE_VERSION = 2
+HANDLE_VERSION = 3
 DEFAULT_RING_BYTES = 1 << 24
 
 
 @dataclass(frozen=True)
 class Handle:
-    """What a reader needs to attach: picklable, a few hundred bytes."""
+    """What a reader needs to attach: picklable, a few hundred bytes.
+
+    With remote readers it holds their CurveZMQ secret keys: whoever has the handle can read the queue, so pass
+    it only over a trusted channel (a spawn pipe, an authenticated RPC), as a password. Its repr hides the keys.
+    """
 
     version: int
     name: str  # the shared-memory segment ("" when every reader is remote)
@@ -49,6 +53,9 @@ class Handle:
     n_reader: int
     remote_address: str | None  # tcp://ip:port of the writer's publisher, when there are remote readers
     remote_hwm: int  # messages buffered per remote reader on each side of the network before enqueue waits
+    remote_server_key: bytes | None = field(default=None, repr=False)  # the writer's CurveZMQ public key (z85)
+    # (public, secret) CurveZMQ client key pair of each remote rank, in rank order from n_local_reader
+    remote_client_keys: tuple[tuple[bytes, bytes], ...] = field(default=(), repr=False)
 
 
 def _ring_bytes(max_chunk_bytes: int) -> int:
@@ -57,15 +64,52 @@ def _ring_bytes(max_chunk_bytes: int) -> int:
     return 1 << (need - 1).bit_length()
 
 
+def _check_handle(handle, rank) -> None:
+    """Raise BadHandleError unless `handle` is a well-formed handle of this version and `rank` one of its ranks."""
+    if not isinstance(handle, Handle):
+        raise BadHandleError(f"not a MessageQueue handle: {type(handle).__name__} (use export_handle())")
+    if handle.version != HANDLE_VERSION:
+        raise BadHandleError(f"handle of version {handle.version!r}, this hotloop reads version {HANDLE_VERSION}: "
+                             "use the same hotloop version in every process")
+
+    def is_int(v, low=0):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    keys = handle.remote_client_keys
+    n_remote = handle.n_reader - handle.n_local_reader if is_int(handle.n_reader) and is_int(handle.n_local_reader) else -1
+    problems = [what for what, ok in (
+        ("name", isinstance(handle.name, str) and len(handle.name) < 256),
+        ("capacity", is_int(handle.capacity)),
+        ("n_reader", is_int(handle.n_reader, 1)),
+        ("n_local_reader", is_int(handle.n_local_reader) and 0 <= n_remote),
+        ("writer_pid", is_int(handle.writer_pid)),
+        ("remote_address", handle.remote_address is None if n_remote == 0 else
+         isinstance(handle.remote_address, str) and handle.remote_address.startswith("tcp://")),
+        ("remote_hwm", is_int(handle.remote_hwm, 1)),
+        ("remote_server_key", handle.remote_server_key is None if n_remote == 0 else
+         isinstance(handle.remote_server_key, bytes) and len(handle.remote_server_key) == 40),
+        ("remote_client_keys", isinstance(keys, tuple) and len(keys) == max(n_remote, 0) and all(
+            isinstance(k, tuple) and len(k) == 2 and all(isinstance(b, bytes) and len(b) == 40 for b in k)
+            for k in keys)),
+    ) if not ok]
+    if problems:
+        raise BadHandleError(f"corrupt MessageQueue handle: bad {', '.join(problems)}; pass the object "
+                             "export_handle() returned, unchanged")
+    if not is_int(rank) or rank >= handle.n_reader:
+        raise BadHandleError(f"queue {handle.name}: reader rank {rank!r} is out of range; this queue has ranks "
+                             f"0..{handle.n_reader - 1}")
+
+
 class MessageQueue:
     def __init__(self, n_reader: int, n_local_reader: int | None = None, max_chunk_bytes: int = DEFAULT_RING_BYTES // 4,
                  max_message_bytes: int | None = None, dead_reader: str = "raise", policy: WaitPolicy | None = None,
-                 name: str = "", connect_ip: str | None = None, bind_ip: str = "*", remote_hwm: int = 1000):
+                 name: str = "", connect_ip: str | None = None, bind_ip: str | None = None, remote_hwm: int = 1000):
         """The writer. Messages up to max_chunk_bytes are read zero-copy from one record; larger ones are split.
 
         n_reader: readers in all; n_local_reader: those on this node (default: all). Ranks below n_local_reader
-        read shared memory; the others read over TCP from a publisher bound on bind_ip, reached at connect_ip
-        (default: $HOTLOOP_HOST_IP, else this node's outbound address). max_message_bytes: a larger enqueue
+        read shared memory; the others read over TCP (CurveZMQ: authenticated, encrypted) from a publisher reached
+        at connect_ip (default: $HOTLOOP_HOST_IP, else this node's outbound address) and bound on bind_ip
+        (default: connect_ip itself; "0.0.0.0" binds every interface, only if you ask). max_message_bytes: a larger enqueue
         raises ValueError and leaves the queue usable (default: no limit). dead_reader: "raise" or "drop".
         remote_hwm: messages buffered for each remote reader on each side before enqueue waits for it.
         """
@@ -91,8 +135,10 @@ class MessageQueue:
             self._remote = RemotePublisher(qname, range(n_local_reader, n_reader), connect_ip, bind_ip, dead_reader,
                                            remote_hwm)
         self._policy = policy if policy is not None else WaitPolicy()
+        remote = self._remote
         self._handle = Handle(HANDLE_VERSION, qname, capacity, n_local_reader, os.getpid(), n_reader,
-                              self._remote.address if self._remote else None, remote_hwm)
+                              remote.address if remote else None, remote_hwm,
+                              remote.server_public if remote else None, remote.client_keys if remote else ())
         self.rank = -1
         self._async_watcher = None
 
@@ -100,24 +146,15 @@ class MessageQueue:
     def create_from_handle(cls, handle: Handle, rank: int, policy: WaitPolicy | None = None) -> "MessageQueue":
         """Reader `rank` (0 <= rank < n_reader) of the queue `handle` describes: a shared-memory reader when
         rank < handle.n_local_reader, a network reader otherwise (same API)."""
-        if not isinstance(handle, Handle):
-            raise BadHandleError(f"not a MessageQueue handle: {type(handle).__name__} (use export_handle())")
-        if getattr(handle, "version", None) != HANDLE_VERSION:
-            raise BadHandleError(f"handle of version {getattr(handle, 'version', None)}, this hotloop reads version "
-                                 f"{HANDLE_VERSION}: use the same hotloop version in every process")
-        if not isinstance(rank, int) or not 0 <= rank < handle.n_reader:
-            raise BadHandleError(f"queue {handle.name}: reader rank {rank!r} is out of range; this queue has ranks "
-                                 f"0..{handle.n_reader - 1}")
+        _check_handle(handle, rank)
         self = cls.__new__(cls)
         self._remote = None
         self._max_message_bytes = 0
         if rank < handle.n_local_reader:
             self._ring = _core.ShmRing.attach(handle.name, rank, handle.capacity, handle.n_local_reader)
         else:
-            if not handle.remote_address:
-                raise BadHandleError(f"queue {handle.name}: rank {rank} is a remote rank but the handle has no "
-                                     "remote address; the handle is corrupt")
-            self._ring = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_hwm)
+            self._ring = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_server_key,
+                                          handle.remote_client_keys[rank - handle.n_local_reader], handle.remote_hwm)
         self._policy = policy if policy is not None else WaitPolicy()
         self._handle = handle
         self.rank = rank
@@ -136,6 +173,16 @@ class MessageQueue:
     @property
     def is_writer(self) -> bool:
         return self.rank < 0
+
+    @property
+    def network_stats(self) -> dict:
+        """Writer with remote readers: attached remote ranks, connections refused (not one of this queue's
+        readers) and subscription frames ignored (malformed or forged); empty otherwise."""
+        if not self.is_writer or self._remote is None:
+            return {}
+        self._remote.poll_peers()
+        return {"attached": sorted(self._remote.attached), "rejected_peers": self._remote.rejected_peers,
+                "ignored_frames": self._remote.ignored_frames}
 
     def wait_until_ready(self, timeout: float | None = None) -> None:
         """Writer: wait until every reader attached (raises TimeoutError naming how many did). Reader: no-op."""

@@ -13,6 +13,13 @@ Contract:
   Its wait sleeps in ``wait_any`` on one descriptor: an epoll set holding the data socket's and its connection
   monitor's descriptors. ZeroMQ's descriptors are edge-like (a message can be waiting with the descriptor quiet),
   so every wait first drains what is there without blocking; ``readable()`` does the same and never blocks.
+- Every connection is authenticated and encrypted with CurveZMQ (``docs/security.md``): the writer holds a
+  server key pair and one client key pair per remote rank, all fresh per queue; the handle carries the server's
+  public key and each rank's client pair, so only a process given the handle can connect. A ZAP handler admits
+  exactly those client keys and tags each connection with its rank, so a subscription counts only for the rank
+  whose key made it: an unknown peer can neither read, count as ready, stall ``send``, nor forge another rank's
+  leave. Rejected handshakes are counted (``rejected_peers``) and logged. The publisher binds only the address
+  it advertises unless told otherwise; a reader checks the server's key, so it never talks to an impostor.
 - Messages are frames ``[kind, *parts]``; kind ``M`` carries the parts of one message (joined by the reader into
   one buffer it owns), kind ``S`` is the writer's shutdown. ZeroMQ sends from its own thread: a message is on
   its way when ``send`` returns, and one the writer's process is killed right after may not arrive. A lost connection (the writer's process died or the
@@ -21,18 +28,34 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import socket
 import time
 
 import zmq
+import zmq.auth.thread
 import zmq.utils.monitor
+import zmq.utils.z85
 
 from hotloop._core import ClosedError, DeadPeerError, FdSource, Flag, WaitPolicy, wait_any
 
 KIND_MESSAGE = b"M"
 KIND_SHUTDOWN = b"S"
+ZAP_DOMAIN = "hotloop"
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+log = logging.getLogger("hotloop.remote_queue")
+
+
+def new_keys(ranks: range) -> tuple[tuple[bytes, bytes], tuple[tuple[bytes, bytes], ...]]:
+    """Fresh CurveZMQ keys for one queue: the server pair and one client pair per remote rank (z85 text)."""
+    if not zmq.has("curve"):
+        raise RuntimeError("this libzmq has no CURVE security; install a pyzmq wheel built with libsodium "
+                           "(the PyPI wheels are)")
+    return zmq.curve_keypair(), tuple(zmq.curve_keypair() for _ in ranks)
 
 
 def _rank_topic(rank: int) -> bytes:
@@ -63,38 +86,82 @@ def _keepalive(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 2)
 
 
+class _RankAuthenticator(zmq.auth.thread.ThreadAuthenticator):
+    """ZAP handler: admits the client keys of this queue's remote ranks and names each connection by its rank."""
+
+    def __init__(self, ctx: zmq.Context, client_keys: dict[bytes, int], queue_name: str):
+        super().__init__(ctx, log=log.getChild("zap"))
+        self._ranks = client_keys  # z85 public key -> rank
+        self._queue_name = queue_name
+        self.denied = 0
+
+    def callback(self, domain: str, key: bytes) -> bool:  # the credentials provider's hook
+        if key in self._ranks:
+            return True
+        self.denied += 1
+        return False
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return str(self._ranks[zmq.utils.z85.encode(client_public_key)])
+
+
 class RemotePublisher:
-    def __init__(self, queue_name: str, ranks: range, connect_ip: str | None = None, bind_ip: str = "*",
+    def __init__(self, queue_name: str, ranks: range, connect_ip: str | None = None, bind_ip: str | None = None,
                  dead_reader: str = "raise", hwm: int = 1000):
         self.queue_name = queue_name
         self.ranks = ranks
         self.dead_reader = dead_reader
         self._owner_pid = os.getpid()
+        (self.server_public, server_secret), self.client_keys = new_keys(ranks)
         self._ctx = zmq.Context()
+        self._auth = _RankAuthenticator(self._ctx, {pub: r for r, (pub, _) in zip(ranks, self.client_keys)},
+                                        queue_name)
+        self._auth.start()
+        self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self._auth)
         self._sock = self._ctx.socket(zmq.XPUB)
+        self._sock.curve_server = True
+        self._sock.curve_secretkey = server_secret
+        self._sock.curve_publickey = self.server_public
+        self._sock.zap_domain = ZAP_DOMAIN.encode()
         self._sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe reaches us
         self._sock.setsockopt(zmq.XPUB_NODROP, 1)  # a slow reader makes send wait instead of losing messages
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 1000)
         _keepalive(self._sock)
-        port = self._sock.bind_to_random_port(f"tcp://{bind_ip}")
-        self.address = f"tcp://{connect_ip or default_connect_ip()}:{port}"
+        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED)
+        connect_ip = connect_ip or default_connect_ip()
+        port = self._sock.bind_to_random_port(f"tcp://{bind_ip or connect_ip}")
+        self.address = f"tcp://{connect_ip}:{port}"
         self.attached: set[int] = set()
         self._subscribers: dict[int, int] = {}  # rank -> readers subscribed as that rank
         self.dead: list[int] = []  # ranks that left, not yet reported
         self.twice: list[int] = []  # ranks attached by a second reader
+        self.rejected_peers = 0  # connections refused: no CURVE, a wrong server key, or an unknown client key
+        self.ignored_frames = 0  # malformed or forged subscription frames from authenticated peers
         self._topics = {_rank_topic(r): r for r in ranks}
         self.is_shut_down = False
 
-    def _drain_subscriptions(self) -> None:
+    def poll_peers(self) -> None:
+        """Take in every subscription change and refused handshake that arrived (never blocks)."""
+        self._drain_rejections()
         while True:
             try:
-                msg = self._sock.recv(zmq.NOBLOCK)
+                frame = self._sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            msg = frame.bytes
             rank = self._topics.get(msg[1:])
-            if rank is None:
+            if rank is None and msg[1:] == b"" and msg[:1] in (b"\x00", b"\x01"):
                 continue  # the everything-subscription that goes with each rank topic
+            if rank is None or msg[0] not in (0, 1):
+                self._ignore(f"a malformed subscription frame {msg[:40]!r}")
+                continue
+            # A peer's own frames carry the rank its key authenticated as; an unsubscription that libzmq
+            # makes when a connection ends carries none (it repeats that connection's own subscriptions).
+            peer = _user_id(frame)
+            if (msg[0] == 1 and peer is None) or (peer is not None and peer != str(rank)):
+                self._ignore(f"a subscription for rank {rank} from a peer authenticated as rank {peer}")
+                continue
             n = self._subscribers.get(rank, 0) + (1 if msg[0] == 1 else -1)
             self._subscribers[rank] = n
             if msg[0] == 1:
@@ -104,6 +171,26 @@ class RemotePublisher:
             elif n == 0:
                 self.attached.discard(rank)
                 self.dead.append(rank)
+
+    def _ignore(self, what: str) -> None:
+        self.ignored_frames += 1
+        if self.ignored_frames <= 10 or self.ignored_frames % 1000 == 0:
+            log.warning("queue %s: ignored %s (%d so far); the writer carries on", self.queue_name, what,
+                        self.ignored_frames)
+
+    def _drain_rejections(self) -> None:
+        """Count and log the handshakes refused since the last look (strangers never reach the data socket)."""
+        while True:
+            try:
+                event = zmq.utils.monitor.recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] & _HANDSHAKE_FAILED:
+                self.rejected_peers += 1
+                if self.rejected_peers <= 10 or self.rejected_peers % 1000 == 0:
+                    log.warning("queue %s: refused a connection to %s that did not authenticate as one of its "
+                                "readers (%d refused so far); readers need this queue's handle",
+                                self.queue_name, event["endpoint"].decode(errors="replace"), self.rejected_peers)
 
     def _check_peers(self) -> None:
         if self.twice:
@@ -122,7 +209,7 @@ class RemotePublisher:
         """Wait until every remote rank is attached. Raises DeadPeerError for a rank attached twice."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            self._drain_subscriptions()
+            self.poll_peers()
             if self.twice:
                 self._check_peers()
             if self.attached >= set(self.ranks):
@@ -136,7 +223,7 @@ class RemotePublisher:
         """Publish one message (its parts are copied once into ZeroMQ's buffers)."""
         if self.is_shut_down:
             raise ClosedError(f"queue {self.queue_name}: enqueue after shutdown()")
-        self._drain_subscriptions()
+        self.poll_peers()
         self._check_peers()
         if not self.attached:
             return  # every remote reader left (dropped): nothing to send to
@@ -164,18 +251,32 @@ class RemotePublisher:
         if self._sock is None:
             return
         if os.getpid() == self._owner_pid:  # a forked copy leaves the parent's sockets alone
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
             self._sock.close()
+            self._auth.stop()
             self._ctx.term()
         self._sock = None
 
 
+def _user_id(frame: zmq.Frame) -> str | None:
+    """The rank a frame's connection authenticated as; None for a frame libzmq made itself (no metadata)."""
+    try:
+        return frame.get("User-Id")
+    except zmq.ZMQError:  # EINVAL: the frame carries no metadata
+        return None
+
+
 class RemoteSubscriber:
-    def __init__(self, address: str, rank: int, queue_name: str, hwm: int = 1000):
+    def __init__(self, address: str, rank: int, queue_name: str, server_public: bytes,
+                 client_keys: tuple[bytes, bytes], hwm: int = 1000):
         self.name = queue_name
         self.address = address
         self._owner_pid = os.getpid()
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.curve_serverkey = server_public  # the handshake fails against any other server
+        self._sock.curve_publickey, self._sock.curve_secretkey = client_keys
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         _keepalive(self._sock)
