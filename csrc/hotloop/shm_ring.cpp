@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -90,53 +91,80 @@ struct ShmRing::Layout {
   Doorbell space_bell{true};  // rung by readers after releasing
   alignas(kCacheLine) std::atomic<uint64_t> write_pos{0};
 
-  ReaderSlot* readers() { return reinterpret_cast<ReaderSlot*>(reinterpret_cast<uint8_t*>(this) + sizeof(Layout)); }
+  // Offsets computed from this side's own geometry, never from the header's copy of it.
+  static size_t slots_offset() { return sizeof(Layout); }
   static size_t data_offset(uint32_t n) { return sizeof(Layout) + n * sizeof(ReaderSlot); }
-  uint8_t* data() { return reinterpret_cast<uint8_t*>(this) + data_offset(n_readers); }
 };
 
-// A reader's wait source: ready when a record waits or the ring is shut down.
+// A reader's wait source: ready when a record waits, the ring is shut down, or this reader's waits were
+// cancelled. Holds the ring (re-pointed when the ring moves) because the reader's position is private.
 class ShmRing::ReaderSource final : public Source {
  public:
-  ReaderSource(Layout* l, ReaderSlot* slot) : l_(l), slot_(slot) {}
-  // seq_cst loads (plain loads on x86): the writer publishes with ring_if_parked (see doorbell.h).
+  explicit ReaderSource(const ShmRing* r) : r_(r) {}
+  // seq_cst load (a plain load on x86): the writer publishes with ring_if_parked (see doorbell.h).
   bool ready() const noexcept override {
-    return l_->write_pos.load(std::memory_order_seq_cst) != slot_->read_pos.load(std::memory_order_relaxed) ||
-           l_->state.load(std::memory_order_acquire) != 0;
+    return r_->layout_->write_pos.load(std::memory_order_seq_cst) != r_->pos_ ||
+           r_->layout_->state.load(std::memory_order_acquire) != 0 || r_->waits_cancelled();
   }
-  Doorbell* doorbell() noexcept override { return &l_->data_bell; }
-
- private:
-  Layout* l_;
-  ReaderSlot* slot_;
+  Doorbell* doorbell() noexcept override { return &r_->layout_->data_bell; }
+  const ShmRing* r_;
 };
 
 namespace {
 
-// The writer's wait source: ready when `need` bytes are free (checked by the ring), or on shutdown.
+// The writer's wait source: ready when `need` bytes are free (checked by the ring), on shutdown, or when its
+// waits are cancelled.
 struct SpaceSource final : Source {
   const std::atomic<uint32_t>* state;
+  const std::atomic<bool>* cancelled;
   Doorbell* bell;
   std::function<bool()> has_space;
-  bool ready() const noexcept override { return state->load(std::memory_order_acquire) != 0 || has_space(); }
+  bool ready() const noexcept override {
+    return state->load(std::memory_order_acquire) != 0 || cancelled->load(std::memory_order_acquire) ||
+           has_space();
+  }
   Doorbell* doorbell() noexcept override { return bell; }
 };
 
+// "/hotloop-<pid namespace>-<pid>-<start time>-<n>-<random>": what the reaper needs to prove its creator dead.
 std::string fresh_name() {
   static std::atomic<uint32_t> counter{0};
   std::random_device rd;
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "/hotloop-%d-%llu-%u-%08x", int(getpid()),
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "/hotloop-%llu-%d-%llu-%u-%08x",
+                static_cast<unsigned long long>(ShmRing::pid_namespace()), int(getpid()),
                 static_cast<unsigned long long>(process_start_time(getpid())), counter.fetch_add(1), rd());
   return buf;
 }
 
 }  // namespace
 
+uint64_t ShmRing::pid_namespace() noexcept {
+  struct stat st {};
+  if (stat("/proc/self/ns/pid", &st) != 0) return 0;  // no /proc: 0, which the reaper treats as unknown
+  return uint64_t(st.st_ino);
+}
+
+ShmRing ShmRing::mapped(Layout* l, size_t size, std::string name, int rank, const Geometry& g) {
+  ShmRing r;
+  r.layout_ = l;
+  r.map_size_ = size;
+  r.geo_ = g;
+  r.slots_ = reinterpret_cast<ReaderSlot*>(reinterpret_cast<uint8_t*>(l) + Layout::slots_offset());
+  r.data_ = reinterpret_cast<uint8_t*>(l) + Layout::data_offset(g.n_readers);
+  r.name_ = std::move(name);
+  r.rank_ = rank;
+  r.owner_pid_ = int(getpid());
+  r.linked_ = true;
+  if (rank >= 0) r.source_ = new ReaderSource(&r);  // re-pointed by the move that returns it
+  return r;
+}
+
 ShmRing ShmRing::create(const RingGeometry& g, std::string name) {
-  if (g.capacity < 4096 || (g.capacity & (g.capacity - 1)) != 0) {
-    throw std::invalid_argument("ring capacity must be a power of two >= 4096 bytes (got " +
-                                std::to_string(g.capacity) + ")");
+  if (g.capacity < 4096 || g.capacity > kMaxCapacity || (g.capacity & (g.capacity - 1)) != 0) {
+    throw std::invalid_argument("ring capacity must be a power of two from 4096 bytes to 4 GiB (got " +
+                                std::to_string(g.capacity) + "); larger messages are split into records, so a "
+                                "bigger ring is never needed");
   }
   if (g.n_readers == 0 || g.n_readers > 1024) {
     throw std::invalid_argument("a ring has 1 to 1024 local readers (got " + std::to_string(g.n_readers) + ")");
@@ -154,7 +182,7 @@ ShmRing ShmRing::create(const RingGeometry& g, std::string name) {
   size_t size = Layout::data_offset(g.n_readers) + g.capacity;
   if (ftruncate(fd, off_t(size)) != 0) {
     int e = errno;
-    close(fd);
+    ::close(fd);
     shm_unlink(name.c_str());
     throw std::runtime_error("cannot size shared-memory segment " + name + " to " + std::to_string(size) +
                              " bytes: " + std::strerror(e) + " (is /dev/shm large enough?)");
@@ -162,7 +190,7 @@ ShmRing ShmRing::create(const RingGeometry& g, std::string name) {
   // MAP_POPULATE: fault every page in now, not on the data path (a fresh 64 KiB message would otherwise pay
   // 16 page faults in each process).
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  close(fd);
+  ::close(fd);
   if (p == MAP_FAILED) {
     int e = errno;
     shm_unlink(name.c_str());
@@ -176,17 +204,11 @@ ShmRing ShmRing::create(const RingGeometry& g, std::string name) {
   l->dead_reader = uint32_t(g.dead_reader);
   l->writer_pid = int32_t(getpid());
   l->writer_start_time = process_start_time(getpid());
-  for (uint32_t i = 0; i < g.n_readers; ++i) new (&l->readers()[i]) ReaderSlot();
+  auto* slots = reinterpret_cast<ReaderSlot*>(static_cast<uint8_t*>(p) + Layout::slots_offset());
+  for (uint32_t i = 0; i < g.n_readers; ++i) new (&slots[i]) ReaderSlot();
   l->magic.store(kMagic, std::memory_order_release);
-
-  ShmRing r;
-  r.layout_ = l;
-  r.map_size_ = size;
-  r.name_ = name;
-  r.rank_ = -1;
-  r.owner_pid_ = int(getpid());
-  r.linked_ = true;
-  return r;
+  Geometry geo{g.capacity, g.n_readers, g.max_message, g.dead_reader, l->writer_pid, l->writer_start_time};
+  return mapped(l, size, name, -1, geo);
 }
 
 ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_capacity, uint32_t expect_readers) {
@@ -197,17 +219,24 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
                          "removed then); create the reader from a fresh handle before the writer's "
                          "wait_until_ready() times out");
   }
+  if (expect_capacity < 4096 || expect_capacity > kMaxCapacity || (expect_capacity & (expect_capacity - 1)) != 0 ||
+      expect_readers == 0 || expect_readers > 1024) {
+    ::close(fd);
+    throw BadHandleError("queue " + name + ": the handle's geometry (capacity " + std::to_string(expect_capacity) +
+                         ", " + std::to_string(expect_readers) + " readers) is not one a ring can have: the "
+                         "handle is corrupt");
+  }
   struct stat st {};
   fstat(fd, &st);
   size_t min_size = Layout::data_offset(expect_readers) + expect_capacity;
   if (size_t(st.st_size) < sizeof(Layout) || size_t(st.st_size) != min_size) {
-    close(fd);
+    ::close(fd);
     throw BadHandleError("shared-memory segment " + name + " has " + std::to_string(st.st_size) +
                          " bytes, not the " + std::to_string(min_size) + " the handle describes: "
                          "the handle is corrupt or from another queue");
   }
   void* p = mmap(nullptr, min_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  close(fd);
+  ::close(fd);
   if (p == MAP_FAILED) throw std::runtime_error("cannot map " + name + ": " + std::strerror(errno));
   auto* l = static_cast<Layout*>(p);
   auto fail = [&](const std::string& why) {
@@ -222,11 +251,11 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
   if (l->capacity != expect_capacity || l->n_readers != expect_readers) {
     fail("the handle's geometry does not match the segment's (the handle is corrupt or forged)");
   }
-  if (rank >= l->n_readers) {
+  if (rank >= expect_readers) {
     fail("reader rank " + std::to_string(rank) + " is out of range: the queue has " +
-         std::to_string(l->n_readers) + " local readers (ranks 0-" + std::to_string(l->n_readers - 1) + ")");
+         std::to_string(expect_readers) + " local readers (ranks 0-" + std::to_string(expect_readers - 1) + ")");
   }
-  ReaderSlot& slot = l->readers()[rank];
+  ReaderSlot& slot = reinterpret_cast<ReaderSlot*>(static_cast<uint8_t*>(p) + Layout::slots_offset())[rank];
   uint32_t expected = 0;
   if (!slot.attached.compare_exchange_strong(expected, 1)) {
     fail("reader rank " + std::to_string(rank) + " is already attached (by pid " + std::to_string(slot.pid.load()) +
@@ -235,26 +264,24 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
   slot.start_time = process_start_time(getpid());
   slot.pid.store(int32_t(getpid()), std::memory_order_release);
 
-  ShmRing r;
-  r.layout_ = l;
-  r.map_size_ = min_size;
-  r.name_ = name;
-  r.rank_ = int(rank);
-  r.owner_pid_ = int(getpid());
-  r.linked_ = true;
-  r.source_ = new ReaderSource(l, &slot);
-  if (l->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == l->n_readers) r.unlink();
+  Geometry geo{expect_capacity, expect_readers, l->max_message, DeadReaderPolicy(l->dead_reader & 1),
+               l->writer_pid, l->writer_start_time};
+  ShmRing r = mapped(l, min_size, name, int(rank), geo);
+  r.pos_ = slot.read_pos.load(std::memory_order_acquire);  // 0 unless the writer published before we attached
+  if (l->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == expect_readers) r.unlink();
   l->space_bell.ring();  // a writer may be waiting in wait_all_attached
   return r;
 }
 
 ShmRing::ShmRing(ShmRing&& o) noexcept
-    : layout_(o.layout_), map_size_(o.map_size_), name_(std::move(o.name_)), rank_(o.rank_),
-      owner_pid_(o.owner_pid_), linked_(o.linked_),
+    : layout_(o.layout_), map_size_(o.map_size_), geo_(o.geo_), data_(o.data_), slots_(o.slots_), pos_(o.pos_),
+      cancelled_(o.cancelled_.load()), name_(std::move(o.name_)), rank_(o.rank_),
+      owner_pid_(o.owner_pid_), linked_(o.linked_.load()), closed_(o.closed_.load()),
       next_seq_(o.next_seq_), pending_release_(o.pending_release_), reader_floor_(o.reader_floor_),
       source_(o.source_),
       partial_(std::move(o.partial_)), partial_seq_(o.partial_seq_), partial_filled_(o.partial_filled_),
       assembling_(o.assembling_) {
+  if (source_ != nullptr) source_->r_ = this;
   o.layout_ = nullptr;
   o.source_ = nullptr;
   o.linked_ = false;
@@ -262,28 +289,29 @@ ShmRing::ShmRing(ShmRing&& o) noexcept
 
 ShmRing::~ShmRing() {
   if (layout_ == nullptr) return;
-  if (int(getpid()) != owner_pid_) {
-    // inherited through fork: the ring belongs to the parent's writer or reader
-  } else if (is_writer()) {
-    shutdown();
-    unlink();
-  } else {
-    release();
-    layout_->readers()[rank_].dropped.store(1, std::memory_order_release);
-    layout_->space_bell.ring();
-  }
+  close();
   delete source_;
   munmap(layout_, map_size_);
 }
 
-uint64_t ShmRing::capacity() const noexcept { return layout_->capacity; }
-uint32_t ShmRing::n_readers() const noexcept { return layout_->n_readers; }
+void ShmRing::close() noexcept {
+  if (int(getpid()) != owner_pid_) return;  // a copy inherited through fork: the parent's side, not ours
+  if (closed_.exchange(true)) return;
+  cancel_waits();
+  if (is_writer()) {
+    shutdown();
+    unlink();
+  } else {
+    slots_[rank_].dropped.store(1, std::memory_order_release);  // no longer holds the writer back
+    layout_->space_bell.ring();
+  }
+}
+
 uint32_t ShmRing::attached_readers() const noexcept { return layout_->attached.load(std::memory_order_acquire); }
 bool ShmRing::shut_down() const noexcept { return layout_->state.load(std::memory_order_acquire) != 0; }
 
 void ShmRing::unlink() noexcept {
-  if (linked_) shm_unlink(name_.c_str());  // ENOENT when a peer unlinked it first: fine
-  linked_ = false;
+  if (linked_.exchange(false)) shm_unlink(name_.c_str());  // ENOENT when a peer unlinked it first: fine
 }
 
 void ShmRing::shutdown() noexcept {
@@ -292,32 +320,53 @@ void ShmRing::shutdown() noexcept {
   layout_->space_bell.ring();
 }
 
+void ShmRing::cancel_waits() noexcept {
+  cancelled_.store(true, std::memory_order_seq_cst);
+  // Both doorbells are shared with the other processes: they wake, find nothing new and park again.
+  layout_->data_bell.ring();
+  layout_->space_bell.ring();
+}
+
+void ShmRing::throw_if_cancelled() const {
+  if (waits_cancelled()) {
+    throw ClosedError("queue " + name_ + ": this " + (is_writer() ? "writer" : "reader") +
+                      " was closed or shut down (by another thread, or before this call)");
+  }
+}
+
+void ShmRing::corrupt(const std::string& what) const {
+  throw std::runtime_error("queue " + name_ + ": corrupt shared memory at byte " + std::to_string(pos_) + " (" +
+                           what + "); the segment was overwritten by something other than its writer: "
+                           "recreate the queue");
+}
+
 // ---- writer ----
 
 bool ShmRing::wait_all_attached(int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks) {
   struct AttachedSource final : Source {
-    Layout* l;
+    const ShmRing* r;
     bool ready() const noexcept override {
-      return l->attached.load(std::memory_order_acquire) == l->n_readers;
+      return r->layout_->attached.load(std::memory_order_acquire) >= r->geo_.n_readers || r->waits_cancelled();
     }
-    Doorbell* doorbell() noexcept override { return &l->space_bell; }
+    Doorbell* doorbell() noexcept override { return &r->layout_->space_bell; }
   } src;
-  src.l = layout_;
+  src.r = this;
   Source* s = &src;
+  throw_if_cancelled();
   if (src.ready()) return true;
   bool ok = wait_any(&s, 1, timeout_ns, policy, hooks) != 0;
+  throw_if_cancelled();
   if (ok) unlink();  // every reader has mapped it: nothing can be left behind now
   return ok;
 }
 
 uint64_t ShmRing::slowest_reader_pos(int* slowest_rank) noexcept {
-  Layout* l = layout_;
-  uint64_t min_pos = l->write_pos.load(std::memory_order_relaxed);
-  for (uint32_t i = 0; i < l->n_readers; ++i) {
-    ReaderSlot& s = l->readers()[i];
+  uint64_t min_pos = pos_;
+  for (uint32_t i = 0; i < geo_.n_readers; ++i) {
+    ReaderSlot& s = slots_[i];
     if (s.dropped.load(std::memory_order_acquire)) continue;
     uint64_t p = s.read_pos.load(std::memory_order_seq_cst);  // readers release with ring_if_parked
-    if (p < min_pos) {
+    if (p < min_pos) {  // a position past ours is corrupt: it holds nothing back
       min_pos = p;
       if (slowest_rank) *slowest_rank = int(i);
     }
@@ -327,21 +376,24 @@ uint64_t ShmRing::slowest_reader_pos(int* slowest_rank) noexcept {
 
 void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
   Layout* l = layout_;
-  const uint64_t pos = l->write_pos.load(std::memory_order_relaxed);
+  const uint64_t pos = pos_;
+  const uint64_t cap = geo_.capacity;
   // The slowest reader's position as last read: reading the readers' cache lines only when that is not
   // enough saves a cache-line transfer per message.
-  if (pos + need - reader_floor_ <= l->capacity) return;
+  if (pos + need - reader_floor_ <= cap) return;
   auto has_space = [&] {
     reader_floor_ = slowest_reader_pos(nullptr);
-    return pos + need - reader_floor_ <= l->capacity;
+    return pos + need - reader_floor_ <= cap;
   };
   if (has_space()) return;
   SpaceSource src;
   src.state = &l->state;
+  src.cancelled = &cancelled_;
   src.bell = &l->space_bell;
   src.has_space = has_space;
   Source* s = &src;
   for (;;) {
+    throw_if_cancelled();
     if (l->state.load(std::memory_order_acquire) != 0) {
       throw ClosedError("queue " + name_ + " was shut down while a message was being written");
     }
@@ -350,7 +402,7 @@ void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy
     if (now >= deadline) {
       int rank = -1;
       uint64_t slow = slowest_reader_pos(&rank);
-      ReaderSlot& r = l->readers()[rank < 0 ? 0 : rank];
+      ReaderSlot& r = slots_[rank < 0 ? 0 : rank];
       bool attached = r.attached.load(std::memory_order_acquire) != 0;
       throw QueueTimeout("queue " + name_ + " is full: reader rank " + std::to_string(rank) +
                          (attached ? " (pid " + std::to_string(r.pid.load()) + ")" : " (not attached yet)") + " is " +
@@ -358,14 +410,14 @@ void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy
                          "read, raise the timeout, or use a larger ring");
     }
     wait_any(&s, 1, std::min(deadline, now + kLivenessSliceNs) - now, policy, hooks);
-    if (has_space() || l->state.load(std::memory_order_acquire) != 0) continue;
+    if (has_space() || l->state.load(std::memory_order_acquire) != 0 || waits_cancelled()) continue;
     // Still full: are the readers holding the writer back alive?
-    for (uint32_t i = 0; i < l->n_readers; ++i) {
-      ReaderSlot& r = l->readers()[i];
+    for (uint32_t i = 0; i < geo_.n_readers; ++i) {
+      ReaderSlot& r = slots_[i];
       if (r.dropped.load(std::memory_order_acquire) || !r.attached.load(std::memory_order_acquire)) continue;
-      if (pos + need - r.read_pos.load(std::memory_order_acquire) <= l->capacity) continue;
+      if (pos + need - r.read_pos.load(std::memory_order_acquire) <= cap) continue;
       if (process_alive(r.pid.load(), r.start_time)) continue;
-      if (DeadReaderPolicy(l->dead_reader) == DeadReaderPolicy::kDrop) {
+      if (geo_.dead_reader == DeadReaderPolicy::kDrop) {
         r.dropped.store(1, std::memory_order_release);
         continue;
       }
@@ -379,22 +431,22 @@ void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy
 void ShmRing::put_record(uint32_t kind, uint64_t seq, const Part* parts, size_t n, size_t skip, size_t size,
                          int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
   Layout* l = layout_;
-  const uint64_t mask = l->capacity - 1;
+  const uint64_t mask = geo_.capacity - 1;
   const uint64_t rec = kRecordHeader + align8(size);
-  uint64_t pos = l->write_pos.load(std::memory_order_relaxed);
-  uint64_t tail = l->capacity - (pos & mask);
+  uint64_t pos = pos_;
+  uint64_t tail = geo_.capacity - (pos & mask);
   if (tail < rec) {  // skip the tail: a record never wraps. Publish the pad only with its record, so that
                      // readable() never reports a pad alone.
     wait_for_space(tail + rec, deadline, policy, hooks);
     if (tail >= kRecordHeader) {
-      auto* h = reinterpret_cast<RecordHeader*>(l->data() + (pos & mask));
+      auto* h = reinterpret_cast<RecordHeader*>(data_ + (pos & mask));
       *h = RecordHeader{uint32_t(tail - kRecordHeader), kPad, seq};
     }
     pos += tail;
   } else {
     wait_for_space(rec, deadline, policy, hooks);
   }
-  uint8_t* dst = l->data() + (pos & mask);
+  uint8_t* dst = data_ + (pos & mask);
   *reinterpret_cast<RecordHeader*>(dst) = RecordHeader{uint32_t(size), kind, seq};
   dst += kRecordHeader;
   size_t left = size;
@@ -409,24 +461,26 @@ void ShmRing::put_record(uint32_t kind, uint64_t seq, const Part* parts, size_t 
     left -= take;
     skip = 0;
   }
-  l->write_pos.store(pos + rec, std::memory_order_seq_cst);
+  pos_ = pos + rec;
+  l->write_pos.store(pos_, std::memory_order_seq_cst);
   l->data_bell.ring_if_parked();
 }
 
 bool ShmRing::try_write(const Part* parts, size_t n) {
   Layout* l = layout_;
-  if (!is_writer() || l->state.load(std::memory_order_acquire) != 0) return false;
+  if (!is_writer() || l->state.load(std::memory_order_acquire) != 0 || waits_cancelled()) return false;
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += parts[i].size;
-  const uint64_t max_payload = (l->capacity / 4 - kRecordHeader) & ~uint64_t(7);
-  if (total > max_payload || (l->max_message != 0 && total > l->max_message)) return false;
-  const uint64_t pos = l->write_pos.load(std::memory_order_relaxed);
+  const uint64_t cap = geo_.capacity;
+  const uint64_t max_payload = (cap / 4 - kRecordHeader) & ~uint64_t(7);
+  if (total > max_payload || (geo_.max_message != 0 && total > geo_.max_message)) return false;
+  const uint64_t pos = pos_;
   const uint64_t rec = kRecordHeader + align8(total);
-  const uint64_t tail = l->capacity - (pos & (l->capacity - 1));
+  const uint64_t tail = cap - (pos & (cap - 1));
   const uint64_t need = tail < rec ? tail + rec : rec;
-  if (pos + need - reader_floor_ > l->capacity) {
+  if (pos + need - reader_floor_ > cap) {
     reader_floor_ = slowest_reader_pos(nullptr);
-    if (pos + need - reader_floor_ > l->capacity) return false;
+    if (pos + need - reader_floor_ > cap) return false;
   }
   WaitPolicy unused;
   put_record(kWhole, next_seq_++, parts, n, 0, total, kForever, unused, nullptr);  // has room: never waits
@@ -437,19 +491,20 @@ void ShmRing::write(const Part* parts, size_t n, int64_t timeout_ns, WaitPolicy&
   nvtx::Scope range(nvtx::Range::kEnqueue);
   Layout* l = layout_;
   if (!is_writer()) throw std::logic_error("queue " + name_ + ": only the writer enqueues");
+  throw_if_cancelled();
   if (l->state.load(std::memory_order_acquire) != 0) {
     throw ClosedError("queue " + name_ + " was shut down: no more messages can be enqueued");
   }
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += parts[i].size;
-  if (l->max_message != 0 && total > l->max_message) {
+  if (geo_.max_message != 0 && total > geo_.max_message) {
     throw std::length_error("a message of " + std::to_string(total) + " bytes exceeds the maximum of " +
-                            std::to_string(l->max_message) + " bytes of queue " + name_ +
+                            std::to_string(geo_.max_message) + " bytes of queue " + name_ +
                             ": send it in pieces, or create the queue with a larger maximum");
   }
   const int64_t deadline = deadline_after(timeout_ns);
   const uint64_t seq = next_seq_++;  // consumed even if the write fails: readers then drop a partial message
-  const uint64_t max_payload = (l->capacity / 4 - kRecordHeader) & ~uint64_t(7);
+  const uint64_t max_payload = (geo_.capacity / 4 - kRecordHeader) & ~uint64_t(7);
   if (total <= max_payload) {
     put_record(kWhole, seq, parts, n, 0, total, deadline, policy, hooks);
     return;
@@ -476,22 +531,27 @@ bool ShmRing::wait(int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hook
 }
 
 bool ShmRing::readable() const noexcept {
-  return layout_->write_pos.load(std::memory_order_acquire) !=
-         layout_->readers()[rank_].read_pos.load(std::memory_order_relaxed);
+  return layout_->write_pos.load(std::memory_order_acquire) != pos_;
+}
+
+// Reader: moves its position (own copy first, then the slot the writer reads) and wakes a waiting writer.
+void ShmRing::set_position(uint64_t pos) noexcept {
+  pos_ = pos;
+  slots_[rank_].read_pos.store(pos, std::memory_order_seq_cst);
+  layout_->space_bell.ring_if_parked();
 }
 
 void ShmRing::release() noexcept {
   if (pending_release_ == 0 || is_writer()) return;
-  ReaderSlot& slot = layout_->readers()[rank_];
-  slot.read_pos.store(slot.read_pos.load(std::memory_order_relaxed) + pending_release_, std::memory_order_seq_cst);
+  set_position(pos_ + pending_release_);
   pending_release_ = 0;
-  layout_->space_bell.ring_if_parked();
 }
 
 bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
   Layout* l = layout_;
   Source* s = source_;
   for (;;) {
+    throw_if_cancelled();
     if (readable()) return true;
     if (l->state.load(std::memory_order_acquire) != 0) {
       throw ClosedError("queue " + name_ + " was shut down by its writer (every message before that was "
@@ -500,8 +560,8 @@ bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHook
     int64_t now = now_ns();
     if (now >= deadline) return false;
     if (wait_any(&s, 1, std::min(deadline, now + kLivenessSliceNs) - now, policy, hooks) != 0) continue;
-    if (!readable() && !process_alive(l->writer_pid, l->writer_start_time)) {
-      throw DeadPeerError("the writer (pid " + std::to_string(l->writer_pid) + ") of queue " + name_ +
+    if (!readable() && !waits_cancelled() && !process_alive(geo_.writer_pid, geo_.writer_start_time)) {
+      throw DeadPeerError("the writer (pid " + std::to_string(geo_.writer_pid) + ") of queue " + name_ +
                           " died; every message it published was delivered: recreate the queue");
     }
   }
@@ -511,20 +571,11 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
   nvtx::Scope range(nvtx::Range::kDequeue);
   if (is_writer()) throw std::logic_error("queue " + name_ + ": the writer does not dequeue");
   release();
-  Layout* l = layout_;
-  ReaderSlot& slot = l->readers()[rank_];
-  const uint64_t mask = l->capacity - 1;
+  throw_if_cancelled();
+  const uint64_t cap = geo_.capacity;
+  const uint64_t mask = cap - 1;
   int64_t deadline = 0;  // computed when the first wait needs it (a message already there costs no clock read)
   bool have_deadline = false;
-  auto corrupt = [&](const std::string& what) {
-    return std::runtime_error("queue " + name_ + ": corrupt record at byte " +
-                              std::to_string(slot.read_pos.load()) + " (" + what + "); the segment was "
-                              "overwritten by something other than its writer: recreate the queue");
-  };
-  auto advance = [&](uint64_t bytes) {
-    slot.read_pos.store(slot.read_pos.load(std::memory_order_relaxed) + bytes, std::memory_order_seq_cst);
-    l->space_bell.ring_if_parked();
-  };
   for (;;) {
     if (!readable()) {
       if (!have_deadline) {
@@ -533,24 +584,27 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
       }
       if (!wait_readable(deadline, policy, hooks)) return false;
     }
-    uint64_t pos = slot.read_pos.load(std::memory_order_relaxed);
-    uint64_t tail = l->capacity - (pos & mask);
+    // Everything read from shared memory is checked against this reader's own position and geometry.
+    const uint64_t published = layout_->write_pos.load(std::memory_order_acquire) - pos_;
+    if (published > cap) corrupt("the write position is more than a ring ahead of this reader");
+    const uint64_t tail = cap - (pos_ & mask);
     if (tail < kRecordHeader) {
-      advance(tail);
+      set_position(pos_ + tail);
       continue;
     }
-    const uint8_t* rec = l->data() + (pos & mask);
+    const uint8_t* rec = data_ + (pos_ & mask);
     RecordHeader h;
     std::memcpy(&h, rec, sizeof h);
-    uint64_t len = kRecordHeader + align8(h.size);
-    if (len > tail) throw corrupt("record of " + std::to_string(h.size) + " bytes runs past the ring's end");
+    const uint64_t len = kRecordHeader + align8(h.size);
+    if (len > tail) corrupt("record of " + std::to_string(h.size) + " bytes runs past the ring's end");
+    if (len > published) corrupt("record of " + std::to_string(h.size) + " bytes runs past what was published");
     const uint8_t* payload = rec + kRecordHeader;
     switch (h.kind) {
       case kPad:
-        advance(len);
+        set_position(pos_ + len);
         continue;
       case kWhole:
-        if (h.seq < next_seq_) throw corrupt("message sequence went back");
+        if (h.seq < next_seq_) corrupt("message sequence went back");
         partial_.reset();
         assembling_ = false;
         out.owned.reset();
@@ -561,27 +615,28 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
         pending_release_ = len;
         return true;
       case kFirst: {
-        if (h.seq < next_seq_ || h.size < 8) throw corrupt("bad first fragment");
+        if (h.seq < next_seq_ || h.size < 8) corrupt("bad first fragment");
         uint64_t total;
         std::memcpy(&total, payload, sizeof total);
-        if (l->max_message != 0 && total > l->max_message) throw corrupt("message longer than the maximum");
+        if (geo_.max_message != 0 && total > geo_.max_message) corrupt("message longer than the maximum");
+        if (total > (uint64_t(1) << 46)) corrupt("message length " + std::to_string(total) + " is not plausible");
         partial_.allocate(total);  // a half-assembled earlier message (its write failed) is dropped
         partial_seq_ = h.seq;
         partial_filled_ = std::min<uint64_t>(h.size - 8, total);
         std::memcpy(partial_.data(), payload + 8, partial_filled_);
         assembling_ = true;
-        advance(len);
+        set_position(pos_ + len);
         continue;
       }
       case kMiddle:
       case kLast: {
-        if (!assembling_ || h.seq != partial_seq_) throw corrupt("fragment without its first part");
-        if (partial_filled_ + h.size > partial_.size()) throw corrupt("fragments longer than the message");
+        if (!assembling_ || h.seq != partial_seq_) corrupt("fragment without its first part");
+        if (partial_filled_ + h.size > partial_.size()) corrupt("fragments longer than the message");
         std::memcpy(partial_.data() + partial_filled_, payload, h.size);
         partial_filled_ += h.size;
-        advance(len);
+        set_position(pos_ + len);
         if (h.kind == kMiddle) continue;
-        if (partial_filled_ != partial_.size()) throw corrupt("fragments shorter than the message");
+        if (partial_filled_ != partial_.size()) corrupt("fragments shorter than the message");
         assembling_ = false;
         out.owned = std::move(partial_);
         out.data = out.owned.data();
@@ -591,7 +646,7 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
         return true;
       }
       default:
-        throw corrupt("unknown record kind " + std::to_string(h.kind));
+        corrupt("unknown record kind " + std::to_string(h.kind));
     }
   }
 }
@@ -602,11 +657,14 @@ int ShmRing::reap_stale_segments() noexcept {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return 0;
   int removed = 0;
+  const uint64_t own_ns = pid_namespace();
   while (dirent* e = readdir(dir)) {
+    unsigned long long ns = 0, start = 0;
     int pid = 0;
-    unsigned long long start = 0;
-    if (std::sscanf(e->d_name, "hotloop-%d-%llu-", &pid, &start) != 2) continue;
-    if (process_alive(pid, start)) continue;
+    if (std::sscanf(e->d_name, "hotloop-%llu-%d-%llu-", &ns, &pid, &start) != 3) continue;
+    // A pid means something only in the namespace that issued it: a segment from another PID namespace (a
+    // container sharing /dev/shm) or of unknown origin is never proven dead here.
+    if (own_ns == 0 || ns != own_ns || process_alive(pid, start)) continue;
     std::string name = std::string("/") + e->d_name;
     if (shm_unlink(name.c_str()) == 0) ++removed;
   }

@@ -16,6 +16,16 @@
 // buffer assembled from its fragments. A reader waiting for data notices shutdown (ClosedError) and a dead
 // writer (DeadPeerError) within ~500 ms; messages published before either are still delivered.
 //
+// Trust: the segment is 0600 and shared with the queue's own processes only, yet a faulty reader can scribble
+// on it. Each side keeps its own copy of the geometry (capacity, readers, limits, writer identity) and of its
+// own position, taken at create/attach, and validates every value it reads from shared memory (positions,
+// record headers) against them: a corrupted segment raises an error naming the queue, never reads or writes
+// outside the mapping. Record sizes are 32-bit, so rings are at most 4 GiB (larger messages are fragmented).
+//
+// Threads: one thread at a time reads (or writes) through one ShmRing. cancel_waits() may be called from any
+// thread: every wait of this object, running or later, ends with ClosedError (the segment and the other
+// processes are untouched); the binding uses it to close a ring that another thread is waiting on.
+//
 // Lifetime: the creator sets the segment up; a copy inherited by a forked child neither shuts the ring down
 // nor detaches its reader when destroyed there (it only unmaps); attach() maps it by name and checks magic, version, geometry and
 // rank. The name is unlinked as soon as every reader has attached (so a later SIGKILL leaves nothing in
@@ -40,6 +50,7 @@
 namespace hotloop {
 
 enum class DeadReaderPolicy : uint32_t { kRaise = 0, kDrop = 1 };
+struct ReaderSlot;
 
 struct RingGeometry {
   uint64_t capacity = 1 << 24;   // data bytes, a power of two >= 4096
@@ -50,7 +61,8 @@ struct RingGeometry {
 
 class ShmRing {
  public:
-  static constexpr uint32_t kLayoutVersion = 1;
+  static constexpr uint32_t kLayoutVersion = 2;
+  static constexpr uint64_t kMaxCapacity = uint64_t(1) << 32;  // a record's 32-bit size field covers the ring
 
   // Writer: creates the segment. `name` must start with '/'; empty picks a fresh "/hotloop-<pid>-<n>-<rand>".
   static ShmRing create(const RingGeometry& g, std::string name = "");
@@ -66,8 +78,8 @@ class ShmRing {
   const std::string& name() const noexcept { return name_; }
   bool is_writer() const noexcept { return rank_ < 0; }
   int rank() const noexcept { return rank_; }
-  uint64_t capacity() const noexcept;
-  uint32_t n_readers() const noexcept;
+  uint64_t capacity() const noexcept { return geo_.capacity; }
+  uint32_t n_readers() const noexcept { return geo_.n_readers; }
   uint32_t attached_readers() const noexcept;
   bool all_attached() const noexcept { return attached_readers() == n_readers(); }
   // Writer: waits (wait policy; attaching readers ring the space doorbell) until every reader has attached.
@@ -76,6 +88,14 @@ class ShmRing {
   // Unlinks the name if still linked (idempotent). Mapped peers keep working.
   void unlink() noexcept;
   bool shut_down() const noexcept;
+  // Any thread: ends every wait of this object, running or later, with ClosedError (see "Threads" above).
+  void cancel_waits() noexcept;
+  // Any thread: this side leaves the queue now (a writer shuts it down and unlinks it; a reader stops holding
+  // the writer back) and its waits are cancelled. The memory stays mapped until destruction, so a thread still
+  // inside a call finishes safely (with ClosedError). Idempotent; the destructor calls it. Does nothing in a
+  // copy inherited through fork (that side belongs to the parent).
+  void close() noexcept;
+  bool waits_cancelled() const noexcept { return cancelled_.load(std::memory_order_acquire); }
 
   // ---- writer ----
   // Writes one message made of the concatenated parts. timeout_ns < 0: no deadline. Throws QueueTimeout
@@ -115,20 +135,39 @@ class ShmRing {
   // The reader's wait_any source: ready when readable() or the ring is shut down.
   Source& source() noexcept;
 
-  // Removes /dev/shm/hotloop-<pid>-* segments whose creating process no longer exists. Returns how many.
+  // Removes /dev/shm/hotloop-* segments made in this PID namespace whose creating process no longer exists.
+  // Returns how many.
   static int reap_stale_segments() noexcept;
+  // The identity of this process's PID namespace (the inode of /proc/self/ns/pid), as segment names carry it.
+  static uint64_t pid_namespace() noexcept;
 
  private:
   struct Layout;
   class ReaderSource;
   ShmRing() = default;
 
+  // This side's own copy of the segment's geometry and identity, taken at create/attach (see "Trust").
+  struct Geometry {
+    uint64_t capacity = 0;
+    uint32_t n_readers = 0;
+    uint64_t max_message = 0;
+    DeadReaderPolicy dead_reader = DeadReaderPolicy::kRaise;
+    int32_t writer_pid = 0;
+    uint64_t writer_start_time = 0;
+  };
+
   Layout* layout_ = nullptr;
   size_t map_size_ = 0;
+  Geometry geo_;
+  uint8_t* data_ = nullptr;       // the records, at the offset this side computed
+  ReaderSlot* slots_ = nullptr;   // the reader slots, likewise
+  uint64_t pos_ = 0;              // writer: the write position; reader: its read position (shm holds copies)
+  std::atomic<bool> cancelled_{false};
   std::string name_;
   int rank_ = -1;
   int owner_pid_ = 0;  // the process that created/attached it: a forked copy only unmaps on destruction
-  bool linked_ = false;
+  std::atomic<bool> linked_{false};
+  std::atomic<bool> closed_{false};
   uint64_t next_seq_ = 0;     // writer: next sequence to write; reader: next expected
   uint64_t pending_release_ = 0;  // reader: bytes to advance on release()
   uint64_t reader_floor_ = 0;     // writer: the slowest reader's position when last read (never ahead of it)
@@ -143,6 +182,10 @@ class ShmRing {
   void put_record(uint32_t kind, uint64_t seq, const Part* parts, size_t n, size_t skip, size_t size,
                   int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks);
   bool wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks);
+  void set_position(uint64_t pos) noexcept;
+  void throw_if_cancelled() const;
+  [[noreturn]] void corrupt(const std::string& what) const;
+  static ShmRing mapped(Layout* l, size_t size, std::string name, int rank, const Geometry& g);
 };
 
 }  // namespace hotloop

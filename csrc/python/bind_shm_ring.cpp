@@ -1,6 +1,8 @@
 // Binding of ShmRing as hotloop._core.ShmRing: the byte-level ring under hotloop.MessageQueue (which adds
 // serialization, the handshake and remote readers in Python). Every wait runs with the GIL released and stays
 // interruptible by Ctrl-C on the main thread; copies of large messages run with the GIL released too.
+// close() may come from any thread while another waits in read/write: the waiter ends with ClosedError, and
+// the mapping lives until the Python object is collected (a call in progress holds a reference to it).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -67,12 +69,13 @@ class PartBuffers {
 };
 
 struct PyShmRing {
-  std::unique_ptr<ShmRing> ring;
+  std::unique_ptr<ShmRing> ring;  // never reset before the object dies: another thread may be inside a call
   ShmRing::Message held;  // the message of the last read_view, until release()
   bool viewing = false;
+  bool closed = false;
 
   ShmRing& get() {
-    if (!ring) throw ClosedError("this ShmRing was closed");
+    if (closed) throw ClosedError("queue " + ring->name() + ": this ShmRing was closed");
     return *ring;
   }
 };
@@ -140,7 +143,7 @@ bool released_wait(PyShmRing& self, const nb::object& timeout, WaitPolicy& polic
 }
 
 void release(PyShmRing& self) {
-  if (!self.ring) return;
+  if (self.closed) return;
   self.ring->release();
   self.held = ShmRing::Message{};
   self.viewing = false;
@@ -194,10 +197,16 @@ void bind_shm_ring(nb::module_& m) {
            "Writer: no more messages; parked readers wake and get ClosedError once drained.")
       .def("unlink", [](PyShmRing& s) { s.get().unlink(); }, "Remove the segment's name (mapped peers go on).")
       .def("close", [](PyShmRing& s) {
-        release(s);
-        s.ring.reset();
-      }, "Unmap (a writer shuts the ring down and unlinks it first). Idempotent.")
-      .def_prop_ro("closed", [](PyShmRing& s) { return !s.ring; })
+        if (s.closed) return;
+        s.closed = true;
+        s.held = ShmRing::Message{};
+        s.viewing = false;
+        s.ring->close();
+      }, "Leave the queue (a writer shuts it down and unlinks it); waits in other threads end with ClosedError. "
+         "Idempotent; the memory is unmapped when the object is collected.")
+      .def("cancel_waits", [](PyShmRing& s) { s.ring->cancel_waits(); },
+           "Any thread: every wait of this ring, running or later, ends with ClosedError.")
+      .def_prop_ro("closed", [](PyShmRing& s) { return s.closed; })
       .def_prop_ro("source", [](PyShmRing& s) -> Source& { return s.get().source(); },
                    nb::rv_policy::reference_internal, "Reader: the wait_any source (ready when readable).")
       .def_prop_ro("name", [](PyShmRing& s) { return s.get().name(); })

@@ -199,14 +199,20 @@ class MessageQueue:
                                "start the missing readers with this queue's handle")
 
     def shutdown(self) -> None:
-        """Writer: no more messages. Parked readers wake and raise ClosedError once they have read the rest."""
-        if self._ring is not None and not self._ring.closed and self.is_writer:
+        """Writer: no more messages; parked readers wake and raise ClosedError once they have read the rest.
+        Reader (from any thread): this reader's waits, running or later, end with ClosedError at once (a
+        worker's watchdog ends a worker parked in dequeue this way); the writer and other readers go on."""
+        if not self.is_writer:
+            self._ring.cancel_waits()
+            return
+        if self._ring is not None and not self._ring.closed:
             self._ring.shutdown()
         if self._remote is not None:
             self._remote.shutdown()
 
     def close(self) -> None:
-        """Release the queue (a writer shuts it down first). Idempotent."""
+        """Release the queue (a writer shuts it down first). Idempotent; from any thread: a wait in another
+        thread ends with ClosedError."""
         if self._async_watcher is not None:
             self._async_watcher.stop()
             self._async_watcher = None

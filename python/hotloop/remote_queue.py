@@ -32,6 +32,7 @@ import logging
 import os
 import select
 import socket
+import threading
 import time
 
 import zmq
@@ -39,7 +40,7 @@ import zmq.auth.thread
 import zmq.utils.monitor
 import zmq.utils.z85
 
-from hotloop._core import ClosedError, DeadPeerError, FdSource, Flag, WaitPolicy, wait_any
+from hotloop._core import ClosedError, DeadPeerError, FdSource, Flag, SourceError, WaitPolicy, wait_any
 
 KIND_MESSAGE = b"M"
 KIND_SHUTDOWN = b"S"
@@ -290,6 +291,8 @@ class RemoteSubscriber:
         self._fd_source = FdSource(self._epoll.fileno())
         self._ready = Flag()
         self._ready.set()
+        self._cancelled = Flag()  # set by cancel_waits()/close() from any thread: every wait ends
+        self._lock = threading.Lock()  # ZeroMQ sockets are single-threaded: close() waits for a drain in progress
         self._pending: bytearray | None = None  # a received message not yet handed out
         self._lent: memoryview | None = None
         self._shut_down = False
@@ -300,23 +303,26 @@ class RemoteSubscriber:
 
     def readable(self) -> bool:
         """Whether a message is waiting (never blocks)."""
-        self._drain()
-        return self._pending is not None
+        with self._lock:
+            self._drain()
+            return self._pending is not None
 
     @property
     def source(self) -> FdSource:
         """The wait_any source: the epoll descriptor, after draining what ZeroMQ already holds (see contract)."""
-        self._drain()
-        if self._pending is not None or self._shut_down or self._lost:
-            return self._ready  # the drain took what would have signalled the descriptor
-        return self._fd_source
+        with self._lock:
+            self._drain()
+            if self._pending is not None or self._shut_down or self._lost:
+                return self._ready  # the drain took what would have signalled the descriptor
+            return self._fd_source
 
     def wait_readable(self, timeout: float | None = None, policy: WaitPolicy | None = None) -> bool:
         """Wait until a message is waiting: True, or False at the timeout. Raises ClosedError / DeadPeerError
         once the writer shut down / was lost and nothing is left to read."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            self._drain()
+            with self._lock:
+                self._drain()
             if self._pending is not None:
                 return True
             if self._shut_down:
@@ -327,7 +333,11 @@ class RemoteSubscriber:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
-            wait_any([self._fd_source], timeout=left, policy=policy or WaitPolicy())
+            try:
+                wait_any([self._fd_source, self._cancelled], timeout=left, policy=policy or WaitPolicy())
+            except SourceError:
+                if not self._cancelled.is_set():
+                    raise  # closed by close() in another thread: the next drain raises ClosedError
 
     def read(self, timeout: float | None = None, policy: WaitPolicy | None = None):
         """The next message as a bytearray the caller owns, or None at the timeout."""
@@ -347,11 +357,18 @@ class RemoteSubscriber:
     def release(self) -> None:
         self._lent = None
 
+    def cancel_waits(self) -> None:
+        """Any thread: every wait of this reader, running or later, ends with ClosedError."""
+        self._cancelled.set()
+
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if os.getpid() == self._owner_pid:
+        self._cancelled.set()  # a thread waiting on the sockets wakes (and then finds the reader closed)
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            if os.getpid() != self._owner_pid:
+                return
             self._epoll.close()
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
@@ -362,8 +379,8 @@ class RemoteSubscriber:
 
     def _drain(self) -> None:
         """Take what ZeroMQ holds without blocking: connection events, then at most one message."""
-        if self.closed:
-            raise ClosedError(f"queue {self.name}: this reader was closed")
+        if self.closed or self._cancelled.is_set():
+            raise ClosedError(f"queue {self.name}: this reader was closed or shut down")
         while True:
             try:
                 event = zmq.utils.monitor.recv_monitor_message(self._monitor, zmq.NOBLOCK)

@@ -306,17 +306,107 @@ TEST_F(ShmRingTest, BadHandlesAndArgumentsGiveClearErrors) {
   EXPECT_EQ(m.data[0], 7);
 }
 
-TEST_F(ShmRingTest, SegmentsOfDeadCreatorsAreReaped) {
-  std::string stale = "/hotloop-999999999-12345-0-deadbeef";
-  int fd = shm_open(stale.c_str(), O_CREAT | O_RDWR, 0600);
-  ASSERT_GE(fd, 0);
-  close(fd);
+TEST_F(ShmRingTest, SegmentsOfDeadCreatorsAreReapedOnlyInThisPidNamespace) {
+  const std::string ns = std::to_string(ShmRing::pid_namespace());
+  const std::string stale = "/hotloop-" + ns + "-999999999-12345-0-deadbeef";  // this namespace, no such pid
+  const std::string foreign = "/hotloop-1-999999999-12345-0-deadbeef";         // a pid of another namespace
+  const std::string old_style = "/hotloop-999999999-12345-0-deadbeef";          // no namespace: unknown origin
+  for (const std::string& n : {stale, foreign, old_style}) {
+    int fd = shm_open(n.c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(fd, 0);
+    close(fd);
+  }
   RingGeometry g;
   g.capacity = 4096;
   ShmRing live = ShmRing::create(g);  // its creator (this process) is alive: kept
   EXPECT_GE(ShmRing::reap_stale_segments(), 1);
   EXPECT_NE(access(("/dev/shm" + stale).c_str(), F_OK), 0) << "the dead creator's segment is gone";
   EXPECT_EQ(access(("/dev/shm" + live.name()).c_str(), F_OK), 0) << "the live creator's segment stays";
+  EXPECT_EQ(access(("/dev/shm" + foreign).c_str(), F_OK), 0) << "another namespace's pid proves nothing";
+  EXPECT_EQ(access(("/dev/shm" + old_style).c_str(), F_OK), 0) << "a name without a namespace proves nothing";
+  shm_unlink(foreign.c_str());
+  shm_unlink(old_style.c_str());
+}
+
+TEST_F(ShmRingTest, RingsWhoseRecordsCouldOverflowTheirSizeFieldAreRefused) {
+  RingGeometry g;
+  g.capacity = ShmRing::kMaxCapacity * 2;
+  EXPECT_THROW(ShmRing::create(g), std::invalid_argument);
+  EXPECT_THROW(ShmRing::attach("/hotloop-none", 0, ShmRing::kMaxCapacity * 2, 1), BadHandleError);
+}
+
+// Maps a ring's segment the way a faulty peer could, to scribble on it.
+struct Vandal {
+  uint8_t* base = nullptr;
+  size_t size = 0;
+  Vandal(const std::string& name, size_t sz) : size(sz) {
+    int fd = shm_open(name.c_str(), O_RDWR, 0);
+    EXPECT_GE(fd, 0);
+    base = static_cast<uint8_t*>(mmap(nullptr, sz, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+  }
+  ~Vandal() { munmap(base, size); }
+};
+
+TEST_F(ShmRingTest, GeometryOverwrittenInSharedMemoryIsIgnored) {
+  // The header's geometry (version, readers, capacity, limits, writer identity) is scribbled over after both
+  // sides took their own copies: every message still arrives intact (a side trusting the header would index
+  // far outside the mapping).
+  RingGeometry g;
+  g.capacity = 4096;
+  ShmRing w = ShmRing::create(g);
+  Vandal v(w.name(), 1 << 16);
+  ShmRing r = ShmRing::attach(w.name(), 0, 4096, 1);
+  std::memset(v.base + 8, 0xff, 40);  // everything between the magic and the state word
+  WaitPolicy p;
+  ShmRing::Message m;
+  for (uint64_t seq = 0; seq < 200; ++seq) {
+    std::vector<uint8_t> want = body_of(seq, size_of(seq, 3000));
+    write_bytes(w, want);
+    ASSERT_TRUE(r.read(m, kLong, p));
+    ASSERT_EQ(m.seq, seq);
+    ASSERT_EQ(std::vector<uint8_t>(m.data, m.data + m.size), want);
+  }
+}
+
+TEST_F(ShmRingTest, RandomCorruptionUnderALiveReaderGivesErrorsNeverCrashes) {
+  // A fuzz of the reader and writer against a segment that a faulty peer scribbles on: rounds of writes,
+  // random bytes at random offsets (header, doorbells, positions, reader slots, records), and reads. Each side
+  // may raise (a corrupt record, a timeout, a shutdown) but never reads or writes outside its mapping (ASan
+  // and UBSan builds run this) and never waits past its timeout.
+  const int seeds = 120 * int(test::stress_scale());
+  int errors = 0;
+  for (int seed = 0; seed < seeds; ++seed) {
+    std::mt19937_64 rng(seed);
+    RingGeometry g;
+    g.capacity = 4096;
+    g.n_readers = 2;
+    ShmRing w = ShmRing::create(g);
+    const size_t map = 4096 + (1 << 12);  // the header and slots take less than a page here
+    Vandal v(w.name(), map);
+    ShmRing r0 = ShmRing::attach(w.name(), 0, 4096, 2);
+    ShmRing r1 = ShmRing::attach(w.name(), 1, 4096, 2);
+    WaitPolicy p;
+    ShmRing::Message m;
+    try {
+      for (int step = 0; step < 40; ++step) {
+        std::vector<uint8_t> body(rng() % 2500, uint8_t(step));
+        try {
+          write_bytes(w, body, 0);
+        } catch (const QueueTimeout&) {
+        }
+        for (int k = int(rng() % 4); k > 0; --k) {
+          size_t off = rng() % 3 == 0 ? rng() % 512 : rng() % (map - 8);  // the header more often
+          v.base[off] = uint8_t(rng());
+        }
+        while (r0.read(m, 0, p)) r0.release();
+        while (r1.read(m, 0, p)) r1.release();
+      }
+    } catch (const std::exception&) {
+      ++errors;  // a clear error (corrupt record, shutdown, dead peer): the round ends here
+    }
+  }
+  EXPECT_GT(errors, 0) << "the corruption never reached anything the ring checks: the fuzz is not working";
 }
 
 TEST_F(ShmRingTest, PingPongAcrossProcessesLosesNoWakeUp) {
