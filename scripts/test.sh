@@ -13,7 +13,7 @@ jobs=$(nproc)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 missing=()
-for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev; do
+for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev spin; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 # cmake and ninja may come from pip instead of Debian: only install what is absent altogether
