@@ -89,9 +89,10 @@ def test_a_stranger_that_never_reads_cannot_stall_enqueue(zctx):
         stranger.connect(h.remote_address)
         reader = MessageQueue.create_from_handle(h, 0)
         q.wait_until_ready(timeout=10)
-        for i in range(200):  # far past both high-water marks; the stranger never reads
-            q.enqueue(i, timeout=5)
-            assert reader.dequeue(timeout=5) == i
+        block = bytes(64 << 10)
+        for i in range(300):  # 19 MiB: far past the high-water marks and socket buffers; the stranger never reads
+            q.enqueue_bytes(block, timeout=5)
+            assert reader.dequeue_bytes(timeout=5) == block
         reader.close()
         stranger.close(linger=0)
 
