@@ -2,7 +2,8 @@
 # Installs what hotloop's tests need on a fresh Debian machine and runs all of them:
 #   1. the C++ suite (GoogleTest via ctest) in a Release build, which also builds the microbenchmarks;
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer;
-#   3. the Python package (pip install .) and its pytest suite;
+#   3. the Python package (pip install .) and its pytest suite, in build/venv unless a virtual environment is
+#      active already;
 #   4. a smoke run of `hotloop bench --quick`.
 # Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs).
 set -euo pipefail
@@ -42,6 +43,17 @@ if [ "${HOTLOOP_SKIP_SANITIZERS:-0}" != 1 ]; then
 fi
 
 echo "== Python package and tests"
+# Outside a virtual environment, make one (a stock Debian python3 refuses pip installs: PEP 668).
+if ! python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+  if [ ! -x "$root/build/venv/bin/python3" ]; then
+    python3 -m venv "$root/build/venv" 2>/dev/null || {
+      $sudo apt-get update -qq && $sudo apt-get install -y -qq python3-venv >/dev/null &&
+        python3 -m venv "$root/build/venv"; }
+  fi
+  # shellcheck disable=SC1091
+  source "$root/build/venv/bin/activate"
+  echo "   (in the virtual environment $VIRTUAL_ENV)"
+fi
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: the CPU wheel (an unpinned torch would pull a multi-GB CUDA build)
 python3 -c "import torch" 2>/dev/null || python3 -m pip install -q torch==2.13.0
