@@ -1,4 +1,4 @@
-"""The ``hotloop`` command: ``hotloop bench [NAME ...] [--full] [--json PATH] [--plot PATH]`` and ``hotloop info``.
+"""The ``hotloop`` command: ``hotloop bench [NAME ...] [--full] [--json PATH] [--plot PATH]``, ``hotloop info`` and ``hotloop soak``.
 
 ``hotloop bench`` alone runs the short version of every benchmark (a few minutes); ``--full`` the long runs."""
 
@@ -81,6 +81,12 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_soak(args) -> int:
+    from hotloop.soak import run
+
+    return run(args.minutes, args.seed, args.json, args.goal_s, not args.no_fail_on_goal)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hotloop", description="hotloop: the hot loop of LLM serving, made cheap.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,6 +100,13 @@ def main(argv=None) -> int:
     b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="print what a bug report needs")
     i.set_defaults(fn=cmd_info)
+    s = sub.add_parser("soak", help="chaos soak: the whole stack under load while processes are killed")
+    s.add_argument("--minutes", type=float, default=5.0, help="how long the chaos runs (fractions allowed)")
+    s.add_argument("--seed", type=int, default=0, help="seeds the chaos schedule and the load")
+    s.add_argument("--json", metavar="PATH", help="also write the record as JSON")
+    s.add_argument("--goal-s", type=float, default=1.0, help="kill-to-error goal in seconds (max; default 1)")
+    s.add_argument("--no-fail-on-goal", action="store_true", help="report the kill-to-error goal, do not fail on it")
+    s.set_defaults(fn=cmd_soak)
     args = parser.parse_args(argv)
     return args.fn(args)
 
