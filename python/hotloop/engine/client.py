@@ -3,7 +3,11 @@ process and talks to it over two ZeroMQ sockets (requests out, outputs in), msgp
 
 Contract: ``generate(prompt or token ids, max_tokens, ...)`` returns an (async) iterator of RequestOutput, one per
 generated token (the last has ``finished`` and a ``finish_reason``); a request the engine rejects raises
-RequestError from the iterator, other requests are unaffected. Leaving an iterator early aborts its request.
+RequestError from the iterator, other requests are unaffected. Every request is checked before it is sent
+(``scheduler.check_request``: types, token ids in the model's vocabulary, max_tokens >= 1 within the model's length,
+a finite temperature >= 0, below 1e-5 greedy): an invalid one raises RequestTypeError (a TypeError) or RequestError
+(a ValueError) naming the field and what is allowed, from ``generate`` itself (the sync client) or the iterator's
+first step (the async one); nothing is sent and the client stays usable. Leaving an iterator early aborts its request.
 ``abort(request_id)`` ends a request (its iterator ends with finish_reason "abort"). If the engine process dies
 or its executor fails (a worker died), every waiting iterator and every later call raises EngineDeadError within
 milliseconds (the client waits on the
@@ -25,10 +29,11 @@ import zmq.asyncio
 
 from hotloop.engine import tokenizer
 from hotloop.engine.lifecycle import stop_processes
+from hotloop.engine.model import model_config
 from hotloop.engine.process import engine_main
 from hotloop.engine.protocol import (AbortRequest, AddRequest, OutputBatch, RequestOutput, ShutdownRequest,
                                      StatsReport, StatsRequest, encoder, engine_decoder)
-from hotloop.engine.scheduler import RequestError
+from hotloop.engine.scheduler import RequestError, RequestTypeError, check_request
 
 CTX = mp.get_context("spawn")
 
@@ -37,8 +42,24 @@ class EngineDeadError(RuntimeError):
     """The engine process died; nothing sent to it will be answered. Start a new client."""
 
 
-def _prompt_ids(prompt) -> list[int]:
-    return tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+def _prompt_ids(prompt):
+    """Token ids of a prompt (text is tokenized; ids are checked by check_request)."""
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, (bytes, bytearray)) or not hasattr(prompt, "__iter__"):
+        raise RequestTypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+    return prompt
+
+
+def checked_request(model, request_id, prompt, max_tokens, stop_token_ids, temperature, seed,
+                    ignore_eos) -> AddRequest:
+    """The AddRequest a client sends for these arguments, checked against `model`'s vocabulary and length (raises
+    RequestTypeError / RequestError; see the module contract)."""
+    config = model_config(model)
+    if stop_token_ids is None:
+        stop_token_ids = ()
+    return check_request(request_id, _prompt_ids(prompt), max_tokens, stop_token_ids, temperature, seed, ignore_eos,
+                         vocab_size=config.vocab_size, max_model_len=config.max_seq_len)
 
 
 class EngineProcess:
@@ -145,6 +166,7 @@ class EngineClient:
         self._poller = zmq.Poller()
         self._poller.register(self._engine.outputs, zmq.POLLIN)
         self._poller.register(self._engine.proc.sentinel, zmq.POLLIN)
+        self._model = model
         self._streams: dict[str, _Stream] = {}
         self._stats: deque = deque()
         self._ids = itertools.count()
@@ -188,11 +210,15 @@ class EngineClient:
         """Stream the outputs of one request (see the module contract)."""
         self._check_alive()
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        spec = checked_request(self._model, rid, prompt, max_tokens, stop_token_ids, temperature, seed, ignore_eos)
         if rid in self._streams:
             raise RequestError(f"request id {rid!r} is already streaming from this client")
         stream = self._streams[rid] = _Stream()
-        self._engine.send(AddRequest(rid, _prompt_ids(prompt), int(max_tokens), list(stop_token_ids),
-                                     float(temperature), int(seed), ignore_eos))
+        try:
+            self._engine.send(spec)
+        except BaseException:
+            del self._streams[rid]
+            raise
         return self._iterate(rid, stream)
 
     def _iterate(self, rid: str, stream: _Stream):
@@ -255,6 +281,7 @@ class AsyncEngineClient:
         kwargs = dict(model=model, executor=executor, tp=tp, wait_mode=wait_mode, **engine_kwargs)
         self._engine = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout, engine_main,
                                                "hotloop-engine", True)
+        self._model = model
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats: asyncio.Queue = asyncio.Queue()
         self._ids = itertools.count()
@@ -263,7 +290,19 @@ class AsyncEngineClient:
         loop.add_reader(self._engine.proc.sentinel, self._on_engine_death)
         self._out = self._engine.outputs
         self._reader = asyncio.create_task(self._read_outputs(), name="hotloop-engine-outputs")
+        self._reader.add_done_callback(self._on_reader_done)
         return self
+
+    def _on_reader_done(self, task: asyncio.Task) -> None:
+        """The output reader only ends by shutdown (cancelled); if it died, nothing would ever be answered: fail
+        every waiting iterator and every later call instead of leaving them waiting."""
+        if task.cancelled() or task.exception() is None or self._dead_error is not None:
+            return
+        self._dead_error = EngineDeadError(f"the client stopped reading the engine's outputs: "
+                                           f"{task.exception()!r}; start a new client")
+        for q in self._queues.values():
+            q.put_nowait(self._dead_error)
+        self._stats.put_nowait(self._dead_error)
 
     @property
     def engine_pid(self) -> int:
@@ -299,13 +338,13 @@ class AsyncEngineClient:
         """Async iterator of one request's outputs (see the module contract)."""
         self._check_alive()
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        spec = checked_request(self._model, rid, prompt, max_tokens, stop_token_ids, temperature, seed, ignore_eos)
         if rid in self._queues:
             raise RequestError(f"request id {rid!r} is already streaming from this client")
         q = self._queues[rid] = asyncio.Queue()
         done = False
         try:
-            self._engine.send(AddRequest(rid, _prompt_ids(prompt), int(max_tokens), list(stop_token_ids),
-                                         float(temperature), int(seed), ignore_eos))
+            self._engine.send(spec)
             while not done:
                 out = await q.get()
                 if isinstance(out, EngineDeadError):

@@ -9,8 +9,11 @@ while requests keep arriving, in one of three wait modes (selected explicitly, f
 
 Outputs are the same in every mode (sampling depends only on the request). Contract: ``input_queue`` takes
 ``AddRequest`` / ``AbortRequest`` / ``StatsRequest`` (and ``None`` or ``ShutdownRequest`` = shut down); outputs
-(lists of RequestOutput, or a StatsReport) go to ``output_queue``; a bad request gets an error output and the engine goes on; an executor failure fails every
-request with its message and stops the loop (``run`` then raises ExecutorError).
+(lists of RequestOutput, or a StatsReport) go to ``output_queue``. A bad request (any field of the wrong type or
+out of range: the scheduler's ``check_request``) gets an error output and the engine goes on; one whose id is not
+a str cannot be answered and is logged. A request whose draw fails (sampling returns a SampleError for it) ends
+with an error output alone. An executor failure fails every request with its message and stops the loop
+(``run`` then raises ExecutorError).
 """
 
 from __future__ import annotations
@@ -68,6 +71,16 @@ class EngineCore:
     # ---- inputs ----
 
     def _handle(self, msg) -> None:
+        try:
+            self._handle_one(msg)
+        except Exception:  # a message the checks did not foresee: it fails alone, the loop goes on
+            _log.exception("the engine failed to handle a %s; dropped it", type(msg).__name__)
+            rid = getattr(msg, "request_id", None)
+            if isinstance(msg, AddRequest) and isinstance(rid, str) and rid not in self.scheduler.requests:
+                self.output_queue.put([RequestOutput(rid, [], True, "error",
+                                                     f"request {rid!r}: the engine could not take it (see its log)")])
+
+    def _handle_one(self, msg) -> None:
         if msg is None or isinstance(msg, ShutdownRequest):
             self._stopping = True
         elif isinstance(msg, StatsRequest):
@@ -75,17 +88,26 @@ class EngineCore:
             self.output_queue.put(StatsReport(st.steps, st.queue_wait_ns, st.added_during_step, self.wait_mode))
             st.queue_wait_ns = []
         elif isinstance(msg, AddRequest):
+            if not isinstance(msg.request_id, str):  # no client routes an answer to it: nobody to tell
+                _log.error("dropped a request whose request_id is a %s, not a str (%r): nobody can be answered",
+                           type(msg.request_id).__name__, msg.request_id)
+                return
             try:
                 self.scheduler.add(msg)
             except RequestError as e:
                 self.output_queue.put([RequestOutput(msg.request_id, [], True, "error", str(e))])
                 return
-            if msg.arrival_ns:
+            if isinstance(msg.arrival_ns, int) and msg.arrival_ns:
                 self.stats.queue_wait_ns.append(time.monotonic_ns() - msg.arrival_ns)
             if self._in_step:
                 self.stats.added_during_step += 1
         elif isinstance(msg, AbortRequest):
-            outs = self.scheduler.abort(msg.request_ids)
+            ids = msg.request_ids
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
+                _log.error("dropped an AbortRequest whose request_ids is a %s, not a list of str",
+                           type(ids).__name__)
+                return
+            outs = self.scheduler.abort([i for i in ids if isinstance(i, str)])
             if outs:
                 self.output_queue.put(outs)
         else:

@@ -7,7 +7,8 @@ columns split across ranks, embeddings and LM head replicated); every rank build
 batched step over ragged segments (new tokens of several requests, prefill chunks and decodes mixed) and returns
 the logits of the segments that sample. The KV cache of a request lives until ``free(request_id)``.
 Sampling is a pure function of (logits, temperature, seed, position): the same request gives the same tokens in
-any batch, any wait mode and any world size.
+any batch, any wait mode and any world size. Temperatures below ``GREEDY_TEMPERATURE`` (1e-5) are greedy; a
+request whose draw fails gets a ``SampleError`` in place of its token (the scheduler fails that request only).
 """
 
 from __future__ import annotations
@@ -166,18 +167,42 @@ class Transformer:
         return (last @ self.lm_head).float()
 
 
-def sample(logits: torch.Tensor, segments: list[Segment]) -> list[int]:
-    """One token per sampling segment: argmax at temperature 0, else a draw seeded by (seed, position)."""
-    out = []
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this are greedy (argmax): dividing logits by a tinier one overflows to inf and the draw
+would be undefined; at such a temperature the draw is the argmax anyway."""
+
+
+class SampleError(str):
+    """What `sample` returns in place of a token when one request's draw fails (its message): only that
+    request fails (picklable, so it crosses the worker queue like a token)."""
+
+
+def _draw(row: torch.Tensor, s: Segment) -> int:
+    gen = torch.Generator().manual_seed((s.seed * 1_000_003 + s.start + len(s.token_ids)) % (1 << 63))
+    probs = torch.softmax(row / s.temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def sample(logits: torch.Tensor, segments: list[Segment]) -> list[int | SampleError]:
+    """One token per sampling segment: argmax below GREEDY_TEMPERATURE, else a draw seeded by (seed, position).
+    Never raises for one request's parameters: a segment whose temperature is not a finite number >= 0, or whose
+    draw fails, gets a SampleError naming its request instead of a token."""
+    out: list[int | SampleError] = []
     sampling = [s for s in segments if s.sample]
     for row, s in zip(logits, sampling):
-        if s.temperature <= 0:
-            out.append(int(torch.argmax(row)))
-        else:
-            gen = torch.Generator().manual_seed((s.seed * 1_000_003 + s.start + len(s.token_ids)) % (1 << 63))
-            probs = torch.softmax(row / s.temperature, dim=-1)
-            out.append(int(torch.multinomial(probs, 1, generator=gen)))
+        t = s.temperature
+        try:
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+                out.append(SampleError(f"request {s.request_id!r}: temperature must be a finite number >= 0, "
+                                       f"got {t!r}"))
+            elif t < GREEDY_TEMPERATURE:
+                out.append(int(torch.argmax(row)))
+            else:
+                out.append(_draw(row, s))
+        except Exception as e:  # this request's draw only; the step and the other requests go on
+            out.append(SampleError(f"request {s.request_id!r}: sampling failed at temperature {t!r}: {e}"))
     return out
 
 
-__all__ = ["ModelConfig", "PRESETS", "Segment", "Transformer", "model_config", "replace", "sample"]
+__all__ = ["GREEDY_TEMPERATURE", "ModelConfig", "PRESETS", "SampleError", "Segment", "Transformer", "model_config",
+           "replace", "sample"]

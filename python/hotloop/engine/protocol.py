@@ -4,6 +4,9 @@ Client -> engine: ``AddRequest``, ``AbortRequest``, ``StatsRequest``, ``Shutdown
 ``OutputBatch`` (RequestOutputs: each one's newly generated tokens; ``finished`` with a reason: "stop",
 "length", "abort" or "error" with ``error`` set) and ``StatsReport``.
 ``arrival_ns`` is stamped by the engine's input thread (time.monotonic_ns) when it receives the request.
+Structs do not check their fields when built: the clients check an AddRequest before sending it and the engine
+checks it again (``scheduler.check_request``: a str id, int token ids in the vocabulary, max_tokens >= 1, a finite
+temperature >= 0, where a temperature below 1e-5 is greedy like 0, a 64-bit seed, a bool ignore_eos).
 """
 
 from __future__ import annotations

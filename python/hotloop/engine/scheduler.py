@@ -1,26 +1,102 @@
 """Continuous-batching scheduler: FCFS, a token budget per step, a cap on running requests, chunked prefill.
 
-Contract: ``add(request)`` validates and queues a request (RequestError on bad input, nothing queued);
+Contract: ``add(request)`` validates and queues a request (RequestError on bad input, nothing queued; the checks
+are ``check_request``'s, the same the clients run before sending, so a request built or encoded by hand is held
+to them too);
 ``abort(ids)`` finishes requests wherever they are (waiting, running, or in the step now running: its token is
 then dropped) and returns their final outputs; ``schedule()`` picks the next step's segments, running requests
 first, then waiting ones in arrival order, splitting prompts that do not fit the remaining budget;
 ``update(tokens)`` takes the sampled tokens of that step and returns the outputs (new token, finished, reason).
-A request finishes on max_tokens ("length"), a stop id or EOS ("stop"), or abort ("abort"). One step at a time.
+A request finishes on max_tokens ("length"), a stop id or EOS ("stop"), abort ("abort"), or a failed draw of its
+own ("error": sampling returned a SampleError for it; the other requests of the step go on). One step at a time.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from hotloop.engine.model import Segment
+from hotloop.engine.model import GREEDY_TEMPERATURE, SampleError, Segment
 from hotloop.engine.protocol import AddRequest, RequestOutput
 from hotloop.engine.tokenizer import EOS
 
 
 class RequestError(ValueError):
     """A request the engine cannot serve; only that request fails."""
+
+
+class RequestTypeError(RequestError, TypeError):
+    """A request field of the wrong type (also a RequestError: only that request fails)."""
+
+
+_SEED_RANGE = (-(1 << 63), 1 << 63)
+
+
+def _type_name(v) -> str:
+    return f"{type(v).__name__} {v!r}"[:120]
+
+
+def _integer(where: str, name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise RequestTypeError(f"{where}{name} must be an integer, got {_type_name(v)}")
+    return int(v)
+
+
+def check_token_ids(where: str, name: str, ids, vocab_size: int) -> list[int]:
+    """`ids` as a list of ints, each in 0..vocab_size-1 (RequestTypeError / RequestError otherwise; `where`
+    prefixes the message, `name` names the field)."""
+    if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Iterable):
+        raise RequestTypeError(f"{where}{name} must be a sequence of integer token ids, got {_type_name(ids)}")
+    out = []
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise RequestTypeError(f"{where}{name} must be integers, got {_type_name(t)} at index {i}")
+        out.append(int(t))
+    bad = [t for t in out if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"{where}{name} {bad[:5]} are outside the vocabulary 0..{vocab_size - 1}")
+    return out
+
+
+def check_request(request_id, prompt_token_ids, max_tokens, stop_token_ids=(), temperature=0.0, seed=0,
+                  ignore_eos=False, *, vocab_size: int, max_model_len: int) -> AddRequest:
+    """Validate a request's fields and return them as an AddRequest of plain Python values (numpy integers and
+    tuples are accepted and converted). RequestTypeError (a TypeError) for a field of the wrong type,
+    RequestError (a ValueError) for a value out of range; the message names the field and what is allowed.
+
+    Allowed: ``request_id`` a str; ``prompt_token_ids`` a non-empty sequence of ints in 0..vocab_size-1;
+    ``max_tokens`` an int >= 1 with prompt + max_tokens <= max_model_len; ``stop_token_ids`` ints in the vocabulary;
+    ``temperature`` a finite real >= 0 (below GREEDY_TEMPERATURE, 1e-5, sampling is greedy, as at 0); ``seed`` an
+    int that fits in 64 signed bits; ``ignore_eos`` a bool."""
+    if not isinstance(request_id, str):
+        raise RequestTypeError(f"request_id must be a str, got {_type_name(request_id)}")
+    where = f"request {request_id!r}: "
+    prompt = check_token_ids(where, "prompt token ids", prompt_token_ids, vocab_size)
+    if not prompt:
+        raise RequestError(f"{where}empty prompt (send at least one token)")
+    max_tokens = _integer(where, "max_tokens", max_tokens)
+    if max_tokens <= 0:
+        raise RequestError(f"{where}max_tokens must be positive, got {max_tokens}")
+    if len(prompt) + max_tokens > max_model_len:
+        raise RequestError(f"{where}prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the model's length "
+                           f"limit {max_model_len}")
+    stop = check_token_ids(where, "stop_token_ids", stop_token_ids, vocab_size)
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise RequestTypeError(f"{where}temperature must be a real number, got {_type_name(temperature)}")
+    temperature = float(temperature)
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise RequestError(f"{where}temperature must be a finite number >= 0 (0, or below {GREEDY_TEMPERATURE}, "
+                           f"is greedy), got {temperature}")
+    seed = _integer(where, "seed", seed)
+    if not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]:
+        raise RequestError(f"{where}seed must fit a signed 64-bit integer, got {seed}")
+    if not isinstance(ignore_eos, bool):
+        raise RequestTypeError(f"{where}ignore_eos must be a bool, got {_type_name(ignore_eos)}")
+    return AddRequest(request_id, prompt, max_tokens, stop, temperature, seed, ignore_eos)
 
 
 @dataclass
@@ -71,22 +147,15 @@ class Scheduler:
 
     def add(self, spec: AddRequest) -> None:
         rid = spec.request_id
+        if not isinstance(rid, str):
+            raise RequestTypeError(f"request_id must be a str, got {_type_name(rid)}")
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use by an unfinished request")
-        prompt = spec.prompt_token_ids
-        if not prompt:
-            raise RequestError(f"request {rid!r}: empty prompt (send at least one token)")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise RequestError(f"request {rid!r}: token ids {bad[:5]} are outside the vocabulary 0..{self.vocab_size - 1}")
-        if spec.max_tokens <= 0:
-            raise RequestError(f"request {rid!r}: max_tokens must be positive, got {spec.max_tokens}")
-        if len(prompt) + spec.max_tokens > self.max_model_len:
-            raise RequestError(f"request {rid!r}: prompt ({len(prompt)}) + max_tokens ({spec.max_tokens}) exceeds "
-                               f"the model's length limit {self.max_model_len}")
-        if spec.temperature < 0:
-            raise RequestError(f"request {rid!r}: temperature must be >= 0, got {spec.temperature}")
-        req = Request(spec, added_ns=time.monotonic_ns())
+        checked = check_request(rid, spec.prompt_token_ids, spec.max_tokens, spec.stop_token_ids, spec.temperature,
+                                spec.seed, spec.ignore_eos, vocab_size=self.vocab_size,
+                                max_model_len=self.max_model_len)
+        checked.arrival_ns = spec.arrival_ns if isinstance(spec.arrival_ns, int) else 0
+        req = Request(checked, added_ns=time.monotonic_ns())
         self.requests[rid] = req
         self.waiting.append(req)
 
@@ -151,6 +220,10 @@ class Scheduler:
                 continue  # aborted while the step ran
             req.num_computed += n
             if token is None:
+                continue
+            if isinstance(token, SampleError):  # this request's draw failed: it alone ends, with the reason
+                self._finish(req, "error")
+                outs.append(RequestOutput(req.request_id, [], True, "error", str(token)))
                 continue
             req.output_token_ids.append(token)
             spec = req.spec

@@ -1,7 +1,9 @@
 """Event-driven multi-stage orchestrator: LLM engine stages and transform stages, a reader per replica, one
 dispatch queue, replica eviction, runtime membership; the legacy poll loop as its A/B baseline."""
 
-from hotloop.orchestrator.orchestrator import ENV_EVENT_DRIVEN, Monitor, Orchestrator, Packet, StageSpec
+from hotloop.orchestrator.orchestrator import (ENV_EVENT_DRIVEN, Monitor, Orchestrator, OrchestratorBrokenError,
+                                               Packet, StageSpec)
 from hotloop.orchestrator.replica import Replica, ReplicaDeadError
 
-__all__ = ["ENV_EVENT_DRIVEN", "Monitor", "Orchestrator", "Packet", "Replica", "ReplicaDeadError", "StageSpec"]
+__all__ = ["ENV_EVENT_DRIVEN", "Monitor", "Orchestrator", "OrchestratorBrokenError", "Packet", "Replica",
+           "ReplicaDeadError", "StageSpec"]

@@ -20,9 +20,19 @@ Contract:
   left without replicas fails the requests that reach it; the orchestrator keeps serving. ``abort`` reaches only
   the stages and replicas holding the request; the caller gets what was produced and a final "abort" packet.
   ``shutdown`` cancels and awaits every task and shuts each replica down once.
-- ``on_stats(stage, replica, StatsReport)`` receives stats-only batches; ``monitor`` counts loop idle/active turns
-  (not comparable across loops: the poll loop counts scans, the event loop counts dispatches), the dispatch queue's
-  high water mark, evictions, and in-flight requests per replica.
+- ``generate`` checks a request before anything is sent or registered (an LLM first stage: the engine clients'
+  ``check_request`` against the stage's model, and only the sampling parameters ``stop_token_ids``,
+  ``temperature``, ``seed``, ``ignore_eos``; a transform first stage: token ids in its vocabulary, no sampling
+  parameters): an invalid one raises RequestTypeError (a TypeError) or RequestError (a ValueError).
+- ``on_stats(stage, replica, StatsReport)`` receives stats-only batches; if it raises, the error is logged once per
+  exception type (``monitor.callback_errors`` counts every one) and the batch's requests are handled as usual.
+  ``monitor`` counts loop idle/active turns (not comparable across loops: the poll loop counts scans, the event
+  loop counts dispatches), the dispatch queue's high water mark, evictions, and in-flight requests per replica.
+- Never hangs: if the dispatch task, the poll loop, a reader or the reconcile schedule dies of an unexpected
+  exception (a bug, not a replica's death: that is an eviction), the orchestrator is broken. It is not restarted
+  (its state may be inconsistent): every pending request fails at once with OrchestratorBrokenError naming the
+  exception, the other loop tasks stop, and every later ``generate`` raises OrchestratorBrokenError; ``broken``
+  says why. ``shutdown`` still reaps every replica.
 """
 
 from __future__ import annotations
@@ -35,8 +45,9 @@ import time
 from dataclasses import dataclass, field
 
 from hotloop.engine import tokenizer
+from hotloop.engine.client import checked_request
 from hotloop.engine.protocol import AddRequest
-from hotloop.engine.scheduler import RequestError
+from hotloop.engine.scheduler import RequestError, RequestTypeError, check_token_ids
 from hotloop.orchestrator.replica import Batch, Replica, ReplicaDeadError, StageOutput
 from hotloop.orchestrator.vocoder import TransformChunk
 
@@ -46,6 +57,14 @@ ENV_EVENT_DRIVEN = "HOTLOOP_ORCHESTRATOR_EVENT_DRIVEN"
 # reconcile at once anyway, so the schedule only has to catch changes made behind the API's back.
 RECONCILE_INTERVAL_S = 2.0
 _log = logging.getLogger("hotloop.orchestrator")
+
+
+SAMPLING_PARAMETERS = ("stop_token_ids", "temperature", "seed", "ignore_eos")
+
+
+class OrchestratorBrokenError(RuntimeError):
+    """One of the orchestrator's own tasks died of an unexpected exception; it serves nothing more. Shut it down
+    and start a new one."""
 
 
 def loop_from_env(value: str | None) -> str:
@@ -102,6 +121,7 @@ class Monitor:
     dispatch_high_water: int = 0
     evictions: int = 0
     stats_batches: int = 0
+    callback_errors: int = 0  # on_stats calls that raised
     finished_only_outputs: int = 0
     inflight: dict[str, int] = field(default_factory=dict)  # replica name -> requests bound to it
 
@@ -125,6 +145,8 @@ class Orchestrator:
         self._shut: set[Replica] = set()
         self._names = itertools.count()
         self._closed = False
+        self.broken: OrchestratorBrokenError | None = None  # set when one of its tasks died (see the contract)
+        self._logged_callback_errors: set[str] = set()
 
     @classmethod
     async def start(cls, stages: list[StageSpec], loop: str | None = None) -> "Orchestrator":
@@ -137,12 +159,48 @@ class Orchestrator:
             await self.shutdown()
             raise
         if self.loop == "event":
-            self._tasks.append(asyncio.create_task(self._event_loop(), name="hotloop-orch-dispatch"))
-            self._tasks.append(asyncio.create_task(self._reconcile_schedule(), name="hotloop-orch-reconcile"))
+            self._tasks.append(self._guarded(self._event_loop(), "hotloop-orch-dispatch"))
+            self._tasks.append(self._guarded(self._reconcile_schedule(), "hotloop-orch-reconcile"))
             self._reconcile()
         else:
-            self._tasks.append(asyncio.create_task(self._poll_loop(), name="hotloop-orch-poll"))
+            self._tasks.append(self._guarded(self._poll_loop(), "hotloop-orch-poll"))
         return self
+
+    # ---- task failures (see the contract: the orchestrator breaks, nothing hangs) ----
+
+    def _guarded(self, coro, name: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._on_task_done)
+        return task
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()  # retrieved here, so asyncio does not warn about it again
+        if exc is None or self._closed:
+            return  # a reader ends normally after reporting its replica's death
+        self._break(task.get_name(), exc)
+
+    def _break(self, task_name: str, exc: BaseException) -> None:
+        if self.broken is not None:
+            return
+        _log.error("orchestrator: its task %s died of %r; failing every pending request (the orchestrator is "
+                   "broken: shut it down and start a new one)", task_name, exc, exc_info=exc)
+        self.broken = OrchestratorBrokenError(f"the orchestrator is broken: its task {task_name} died of {exc!r}; "
+                                              "shut it down and start a new one")
+        for req in list(self._requests.values()):
+            error = OrchestratorBrokenError(f"request {req.rid}: {self.broken}")
+            try:
+                self._end(req, error=error)
+            except Exception:  # telling its replicas failed: the caller must still hear of it
+                _log.exception("orchestrator: ending request %s after the failure raised", req.rid)
+                if not req.done:
+                    req.done = True
+                    req.out.put_nowait(error)
+                self._requests.pop(req.rid, None)
+        for t in self._tasks[:] + list(self._readers.values()):
+            if not t.done() and not t.get_name().startswith("hotloop-orch-reap-"):
+                t.cancel()  # awaited by shutdown
 
     async def _new_replica(self, stage: _Stage) -> Replica:
         name = f"{stage.spec.name or stage.spec.kind}{stage.index}-r{next(self._names)}"
@@ -171,7 +229,7 @@ class Orchestrator:
         self._reconcile()
 
     def _reconcile(self) -> None:
-        if self.loop != "event" or self._closed:
+        if self.loop != "event" or self._closed or self.broken is not None:
             return
         live = {r for st in self.stages for r in st.replicas}
         for r, task in list(self._readers.items()):
@@ -181,7 +239,7 @@ class Orchestrator:
         for st in self.stages:
             for r in st.replicas:
                 if r not in self._readers:  # a reader that ended stays ended: eviction removes its replica
-                    self._readers[r] = asyncio.create_task(self._reader(st.index, r), name=f"hotloop-orch-{r.name}")
+                    self._readers[r] = self._guarded(self._reader(st.index, r), f"hotloop-orch-{r.name}")
 
     async def _reconcile_schedule(self):
         while True:
@@ -249,7 +307,16 @@ class Orchestrator:
         if batch.stats is not None:
             self.monitor.stats_batches += 1
             if self.on_stats:
-                self.on_stats(stage_index, replica, batch.stats)
+                try:
+                    self.on_stats(stage_index, replica, batch.stats)
+                except Exception as e:  # the caller's callback: its failure is not the requests'
+                    self.monitor.callback_errors += 1
+                    kind = type(e).__name__
+                    if kind not in self._logged_callback_errors:
+                        self._logged_callback_errors.add(kind)
+                        _log.error("orchestrator: on_stats raised %r (logged once per exception type; "
+                                   "monitor.callback_errors counts them all); requests are not affected", e,
+                                   exc_info=e)
         for out in batch.outputs:
             req = self._requests.get(out.request_id)
             if req is None or req.done:
@@ -373,16 +440,14 @@ class Orchestrator:
         """Async iterator of the last stage's packets for one request (see the module contract)."""
         if self._closed:
             raise RuntimeError("the orchestrator is shut down")
+        if self.broken is not None:
+            raise OrchestratorBrokenError(str(self.broken))
         rid = request_id if request_id is not None else f"orq-{next(self._ids)}"
+        message = self._first_message(rid, prompt, max_tokens, sampling)
         if rid in self._requests:
             raise RequestError(f"request id {rid!r} is already in the pipeline")
         req = self._requests[rid] = _Request(rid, asyncio.Queue())
-        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        first = self.stages[0]
-        if first.spec.kind == "llm":
-            self._forward(req, first, AddRequest(rid, ids, int(max_tokens), **sampling))
-        else:
-            self._forward(req, first, TransformChunk(rid, ids, True))
+        self._forward(req, self.stages[0], message)
         finished = False
         try:
             while True:
@@ -397,6 +462,29 @@ class Orchestrator:
         finally:
             if not finished and not req.done:
                 self.abort(rid)
+
+    def _first_message(self, rid, prompt, max_tokens, sampling: dict):
+        """The checked message for the first stage (see the contract); raises before anything is registered."""
+        first = self.stages[0]
+        if first.spec.kind == "llm":
+            unknown = sorted(set(sampling) - set(SAMPLING_PARAMETERS))
+            if unknown:
+                raise RequestTypeError(f"unknown sampling parameters {unknown}; an LLM stage takes "
+                                       f"{', '.join(SAMPLING_PARAMETERS)}")
+            return checked_request(first.spec.options.get("model", "tiny"), rid, prompt, max_tokens,
+                                   sampling.get("stop_token_ids", ()), sampling.get("temperature", 0.0),
+                                   sampling.get("seed", 0), sampling.get("ignore_eos", False))
+        if sampling:
+            raise RequestTypeError(f"a transform first stage takes no sampling parameters, got {sorted(sampling)}")
+        if not isinstance(rid, str):
+            raise RequestTypeError(f"request_id must be a str, got {type(rid).__name__} {rid!r}")
+        if isinstance(prompt, str):
+            prompt = tokenizer.encode(prompt)
+        elif isinstance(prompt, (bytes, bytearray)) or not hasattr(prompt, "__iter__"):
+            raise RequestTypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+        ids = check_token_ids(f"request {rid!r}: ", "prompt token ids", prompt,
+                              first.spec.options.get("vocab", tokenizer.VOCAB_SIZE))
+        return TransformChunk(rid, ids, True)
 
     def abort(self, request_id: str) -> None:
         """End a request: only the stages and replicas holding it are told."""
