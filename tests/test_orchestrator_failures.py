@@ -134,3 +134,22 @@ def test_invalid_requests_are_refused_before_anything_is_sent(loop_kind):
             await shut(orch)
 
     run(main())
+
+
+def test_a_transform_replica_drops_a_message_it_cannot_decode_and_serves_on():
+    from hotloop.orchestrator.replica import Replica
+    from hotloop.orchestrator.vocoder import HOP, TransformChunk
+
+    async def main():
+        replica = await Replica.start("transform")
+        try:
+            replica.submit(StatsRequest())  # an engine message: not one a transform stage decodes
+            replica.submit(TransformChunk("r", [1, 2, 3], final=True))
+            batch = await asyncio.wait_for(replica.read_batch(), 30)
+            out = batch.outputs[0]
+            assert out.request_id == "r" and out.finished and len(out.frames) == 3 * HOP * 4
+            assert replica.alive
+        finally:
+            await replica.shutdown()
+
+    asyncio.run(main())

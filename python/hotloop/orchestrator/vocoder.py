@@ -3,12 +3,13 @@ process, served like an engine (requests in, output batches out, over ZeroMQ).
 
 Contract: ``TransformChunk(request_id, token_ids, final)`` in; for each chunk one ``TransformOutput`` with
 ``HOP`` float32 samples per token (``finished`` on the final chunk). ``AbortRequest`` forgets a request (a chunk
-that arrives for it later is dropped); ``ShutdownRequest`` stops the process. Weights are seeded, so the same
+that arrives for it later is dropped); ``ShutdownRequest`` stops the process; a message that does not decode is logged and dropped. Weights are seeded, so the same
 tokens give the same frames. The process dies with its parent.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 
@@ -17,6 +18,8 @@ import msgspec
 from hotloop.engine.lifecycle import die_with_parent
 from hotloop.engine.process import connect_to_client
 from hotloop.engine.protocol import AbortRequest, ShutdownRequest
+
+log = logging.getLogger("hotloop.orchestrator.vocoder")
 
 HOP = 80  # samples per token: 5 ms of audio at 16 kHz
 SAMPLE_RATE = 16000
@@ -71,7 +74,12 @@ def transform_main(in_addr: str, out_addr: str, kwargs: dict, parent_pid: int, r
     ready_conn.close()
     aborted: set[str] = set()
     while True:
-        msg = input_decoder.decode(inp.recv())  # one blocking receive per message: no polling
+        raw = inp.recv()  # one blocking receive per message: no polling
+        try:
+            msg = input_decoder.decode(raw)
+        except msgspec.DecodeError as e:  # a malformed message is dropped; the process serves on
+            log.warning("transform stage: dropped an undecodable message of %d bytes (%s)", len(raw), e)
+            continue
         if isinstance(msg, ShutdownRequest):
             break
         if isinstance(msg, AbortRequest):
