@@ -682,6 +682,7 @@ class EngineLoad:
     async def _user(self, client, stop, dead):
         while not stop.is_set() and not dead.is_set():
             await self._one(client, dead)
+            await asyncio.sleep(0)  # a request rejected at once must not starve the event loop
 
     async def _one(self, client, dead):
         from hotloop.engine.client import EngineDeadError
@@ -850,7 +851,11 @@ class OrchestratorLoad:
 
     async def _user(self, stop):
         while not stop.is_set():
+            started = time.monotonic()
             await self._one()
+            # A request that ends without suspending (no live replica while one restarts, a rejection) must not
+            # starve the event loop, the healer included: pace those. Load pacing, not a data path.
+            await asyncio.sleep(0 if time.monotonic() - started > 0.01 else 0.05)
 
     async def _one(self):
         from hotloop.orchestrator import ReplicaDeadError
