@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -16,10 +19,14 @@
 #include "hotloop/fd_source.h"
 #include "hotloop/futex.h"
 #include "hotloop/nvtx.h"
+#include "hotloop/uring_park.h"
+#include "hotloop/waker_thread.h"
 
 namespace hotloop {
 namespace {
 
+// Sliced mixed waits (kernels without futex_waitv): a ring from another process does not reach the eventfd,
+// so such parks end every 100 ms to look again; 100 ms bounds that latency at a few us of CPU per second.
 constexpr int64_t kFdRecheckNs = 100'000'000;
 
 // The sources of one wait, split by kind.
@@ -73,6 +80,14 @@ struct SourceSet {
     return mask;
   }
 
+  // Whether a descriptor reported data, hang-up or error (POLLNVAL aside) after a sleep.
+  bool any_fd_event() const {
+    for (int i = 0; i < n_fds; ++i) {
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) return true;
+    }
+    return false;
+  }
+
   uint64_t check_fds() {
     if (n_fds == 0) return 0;
     int rc;
@@ -110,11 +125,99 @@ timespec relative_timespec(int64_t deadline_ns) {
   return timespec{time_t(left / 1'000'000'000), long(left % 1'000'000'000)};
 }
 
+// ---- the park backend for waits over doorbells and descriptors together ----
+
+constexpr const char* kBackendNames[] = {"io_uring", "futex_waitv helper", "sliced"};
+
+struct BackendChoice {
+  std::mutex mu;
+  std::atomic<int> backend{-1};  // a ParkBackend, -1 until chosen
+  std::string reason;
+};
+
+BackendChoice& backend_choice() {
+  static BackendChoice* c = new BackendChoice();  // leaked on purpose: usable during static destruction
+  return *c;
+}
+
+// Picks the best backend at or after `want`, noting why each better one was passed over. `asked_by` names
+// who asked for less than the best ("HOTLOOP_PARK=fallback").
+ParkBackendInfo choose(ParkBackend want, std::string reason, const std::string& asked_by) {
+  auto note = [&](const std::string& why) { reason += (reason.empty() ? "" : "; ") + why; };
+  ParkBackend b = want;
+  if (b == ParkBackend::kIoUring && !uring_park::available()) {
+    note(std::string("io_uring unavailable: ") + uring_park::unavailable_reason());
+    b = ParkBackend::kWakerThread;
+  } else if (want != ParkBackend::kIoUring) {
+    note("requested by " + asked_by);
+  }
+  if (b == ParkBackend::kWakerThread && !waker_thread::available()) {
+    note("futex_waitv unavailable (needs Linux >= 5.16): a ring from another process is noticed within 100 ms");
+    b = ParkBackend::kSliced;
+  }
+  BackendChoice& c = backend_choice();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.reason = reason;
+  c.backend.store(int(b), std::memory_order_release);
+  return ParkBackendInfo{b, kBackendNames[int(b)], reason};
+}
+
+ParkBackend parse_backend(const std::string& request) {
+  if (request.empty() || request == "auto" || request == "uring" || request == "io_uring") {
+    return ParkBackend::kIoUring;
+  }
+  if (request == "fallback" || request == "futex_waitv" || request == "helper") return ParkBackend::kWakerThread;
+  if (request == "sliced") return ParkBackend::kSliced;
+  throw std::invalid_argument("unknown park backend '" + request +
+                              "': choose auto, uring, fallback (futex_waitv helper) or sliced");
+}
+
+ParkBackend current_backend() {
+  int b = backend_choice().backend.load(std::memory_order_acquire);
+  if (b >= 0) return ParkBackend(b);
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (backend_choice().backend.load(std::memory_order_acquire) >= 0) return;  // set_park_backend came first
+    const char* env = std::getenv("HOTLOOP_PARK");
+    std::string request = env ? env : "auto";
+    try {
+      choose(parse_backend(request), "", "HOTLOOP_PARK=" + request);
+    } catch (const std::invalid_argument&) {
+      choose(ParkBackend::kIoUring, "HOTLOOP_PARK='" + request + "' is not auto, uring, fallback or sliced", "");
+    }
+  });
+  return ParkBackend(backend_choice().backend.load(std::memory_order_acquire));
+}
+
+// Sleeps on doorbells and descriptors together through `backend`; fills the descriptors' revents. Returns
+// whether the sleep ran to `until`; throws SourceError when the backend fails.
+bool park_mixed(SourceSet& set, const uint32_t* seen, int64_t until, ParkBackend backend) {
+  futex::WaitEntry entries[kMaxSources];
+  for (int i = 0; i < set.n_bells; ++i) {
+    entries[i] = {set.bells[i]->word(), seen[i], set.bells[i]->process_shared()};
+  }
+  int rc;
+  if (backend == ParkBackend::kIoUring) {
+    rc = uring_park::park(entries, set.n_bells, set.fds, set.n_fds, until);
+  } else {
+    rc = waker_thread::park(entries, set.n_bells, set.fds, set.n_fds, until);
+  }
+  if (rc != 0 && rc != ETIMEDOUT && rc != EINTR) {
+    throw SourceError(std::string("wait_any: the ") + kBackendNames[int(backend)] +
+                      " park failed: " + std::strerror(rc) +
+                      " (set HOTLOOP_PARK=sliced to work around it, and report it with `hotloop info`)");
+  }
+  return rc == ETIMEDOUT;
+}
+
 // One kernel sleep until `until` (or a ring / readable descriptor / signal). Returns the ready mask after it.
-uint64_t park_once(SourceSet& set, int64_t until) {
+// A sleep over descriptors that ran to `until` without an event increments *timer_wakeups (when given).
+uint64_t park_once(SourceSet& set, int64_t until, uint64_t* timer_wakeups) {
   ParkGuard guard{set};
   uint32_t seen[kMaxSources];
-  if (set.n_fds > 0 && set.n_bells > 0) {
+  const bool mixed = set.n_fds > 0 && set.n_bells > 0;
+  const ParkBackend backend = mixed ? current_backend() : ParkBackend::kSliced;
+  if (mixed && backend == ParkBackend::kSliced) {
     guard.efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (guard.efd < 0) throw SourceError(std::string("wait_any: eventfd failed: ") + std::strerror(errno));
   }
@@ -143,18 +246,29 @@ uint64_t park_once(SourceSet& set, int64_t until) {
     return set.check_bells();
   }
 
-  int nfds = set.n_fds;
-  if (guard.efd >= 0) set.fds[nfds++] = pollfd{guard.efd, POLLIN, 0};
-  timespec ts;
-  const timespec* tp = nullptr;
-  if (until != kForever) {
-    ts = relative_timespec(until);
-    tp = &ts;
+  for (int i = 0; i < set.n_fds; ++i) set.fds[i].revents = 0;
+  bool timer;
+  if (mixed && backend != ParkBackend::kSliced) {
+    timer = park_mixed(set, seen, until, backend);
+  } else {
+    int nfds = set.n_fds;
+    if (guard.efd >= 0) set.fds[nfds++] = pollfd{guard.efd, POLLIN, 0};
+    timespec ts;
+    const timespec* tp = nullptr;
+    if (until != kForever) {
+      ts = relative_timespec(until);
+      tp = &ts;
+    }
+    int rc = ::ppoll(set.fds, nfds_t(nfds), tp, nullptr);
+    if (rc <= 0) {
+      for (int i = 0; i < set.n_fds; ++i) set.fds[i].revents = 0;
+    }
+    timer = rc == 0;
   }
-  int rc = ::ppoll(set.fds, nfds_t(nfds), tp, nullptr);
-  uint64_t mask = set.check_bells();
-  if (rc > 0) mask |= set.fd_results();
-  return mask;
+  // A descriptor closed during the sleep reads POLLNVAL when the sleep ends, however it ended.
+  if (!timer && !set.any_fd_event() && now_ns() >= until) timer = true;
+  if (timer && timer_wakeups != nullptr) ++*timer_wakeups;
+  return set.check_bells() | set.fd_results();
 }
 
 }  // namespace
@@ -230,22 +344,50 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   spin_range.end();
   nvtx::Scope park_range(nvtx::Range::kPark);
   st.phase = WaitPhase::kPark;
-  // A descriptor closed while the kernel watches it does not wake ppoll, so waits on descriptors re-validate
-  // them at least every 100 ms (a few us of CPU per second: not a poll of the data, which wakes at once).
-  int64_t slice = hooks ? hooks->slice_ns : 0;
-  if (set.n_fds > 0) slice = slice > 0 ? std::min(slice, kFdRecheckNs) : kFdRecheckNs;
+  // A descriptor closed while the kernel watches it wakes nothing: parks over descriptors end at least every
+  // kFdSafetyNs to re-validate them (kFdRecheckNs for sliced mixed waits, which also notice rings from other
+  // processes that way). Those timer wake-ups are counted; events never wait for them.
+  const int64_t hook_slice = hooks ? hooks->slice_ns : 0;
+  int64_t safety = 0;
+  if (set.n_fds > 0) {
+    safety = set.n_bells > 0 && current_backend() == ParkBackend::kSliced ? kFdRecheckNs : kFdSafetyNs;
+  }
   for (;;) {
     int64_t t = now_ns();
     if (t >= deadline) {
       policy.record(timeout_ns);
       return set.check_all();
     }
-    int64_t until = slice > 0 ? std::min(deadline, t + slice) : deadline;
+    int64_t until = hook_slice > 0 ? std::min(deadline, t + hook_slice) : deadline;
+    const bool safety_bound = safety > 0 && t + safety < until;
+    if (safety_bound) until = t + safety;
     ++st.parks;
-    if (uint64_t mask = park_once(set, until)) return finish(mask);
+    if (uint64_t mask = park_once(set, until, safety_bound ? &st.safety_wakeups : nullptr)) return finish(mask);
     set.check_fds_still_open();
     if (hooks && hooks->on_slice) hooks->on_slice(hooks->ctx);
   }
+}
+
+ParkBackendInfo park_backend() {
+  ParkBackend b = current_backend();
+  BackendChoice& c = backend_choice();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return ParkBackendInfo{b, kBackendNames[int(b)], c.reason};
+}
+
+void prepare_park() {
+  ParkBackend b = current_backend();
+  int err = b == ParkBackend::kIoUring        ? uring_park::prepare()
+            : b == ParkBackend::kWakerThread ? waker_thread::prepare()
+                                             : 0;
+  if (err != 0) {
+    throw SourceError(std::string("wait_any: cannot set up the ") + kBackendNames[int(b)] + " park: " +
+                      std::strerror(err));
+  }
+}
+
+ParkBackendInfo set_park_backend(const std::string& request) {
+  return choose(parse_backend(request), "", "set_park_backend('" + request + "')");
 }
 
 }  // namespace hotloop

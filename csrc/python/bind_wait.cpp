@@ -44,12 +44,14 @@ class Waiter {
                       prompt_gil_);
     last_phase_.store(st.phase, std::memory_order_relaxed);
     last_wake_ns_.store(woke, std::memory_order_relaxed);
+    safety_wakeups_.fetch_add(st.safety_wakeups, std::memory_order_relaxed);
     return sources_.select(mask);
   }
   nb::list ready() const { return sources_.select(ready_mask(sources_.data(), sources_.size())); }
   WaitPolicy& policy() { return policy_; }
   const char* last_phase() const { return phase_name(last_phase_.load(std::memory_order_relaxed)); }
   int64_t last_wake_ns() const { return last_wake_ns_.load(std::memory_order_relaxed); }
+  uint64_t safety_wakeups() const { return safety_wakeups_.load(std::memory_order_relaxed); }
 
  private:
   SourceList sources_;
@@ -57,7 +59,15 @@ class Waiter {
   bool prompt_gil_;
   std::atomic<WaitPhase> last_phase_{WaitPhase::kImmediate};
   std::atomic<int64_t> last_wake_ns_{0};
+  std::atomic<uint64_t> safety_wakeups_{0};
 };
+
+nb::dict backend_dict(const ParkBackendInfo& info) {
+  nb::dict d;
+  d["backend"] = info.name;
+  d["reason"] = info.reason;
+  return d;
+}
 
 WaitPolicy g_default_policy;
 
@@ -149,7 +159,23 @@ void bind_wait(nb::module_& m) {
       .def_prop_ro("last_phase", &Waiter::last_phase,
                    "Where the last wait ended: 'immediate', 'spin', 'yield' or 'park'.")
       .def_prop_ro("last_wake_ns", &Waiter::last_wake_ns,
-                   "time.monotonic_ns() at which the last wait's C++ part returned, before the GIL was retaken.");
+                   "time.monotonic_ns() at which the last wait's C++ part returned, before the GIL was retaken.")
+      .def_prop_ro("safety_wakeups", &Waiter::safety_wakeups,
+                   "How many parks over descriptors, over all of this Waiter's waits, ended by the 1 s safety "
+                   "timeout (the check for a descriptor closed while waited on) rather than by an event.");
+
+  m.def("park_backend", [] { return backend_dict(park_backend()); },
+        "How a wait over doorbells and descriptors together sleeps: {'backend': 'io_uring' | 'futex_waitv helper' "
+        "| 'sliced', 'reason': why it is not io_uring ('' when it is)}. Chosen from $HOTLOOP_PARK (auto, uring, "
+        "fallback, sliced) at first use.");
+  m.def("set_park_backend", [](const std::string& name) { return backend_dict(set_park_backend(name)); },
+        "name"_a,
+        "Choose the park backend for every later wait in this process ('auto', 'uring', 'fallback', 'sliced'); "
+        "an unavailable one falls back to the next. Returns park_backend(). For tests and benchmarks.");
+  m.def("prepare_park", &prepare_park,
+        "Set up the calling thread's park resources for the current backend now (its io_uring ring, or its "
+        "helper thread and eventfd) instead of at its first wait over doorbells and descriptors together. "
+        "They stay until the thread exits; the importing thread's are set up at import.");
 
   m.def("wait_any",
         [](nb::handle sources, const nb::object& timeout, WaitPolicy* policy, bool prompt_gil) {

@@ -37,6 +37,7 @@ def info() -> dict:
     from hotloop import _core
 
     build = _core.build_info()
+    park = _core.park_backend()
     return {
         "hotloop": hotloop.__version__,
         "python": sys.version.split()[0],
@@ -46,6 +47,8 @@ def info() -> dict:
         "build_type": build["build_type"],
         "compiler": build["compiler"],
         "futex_waitv": build["futex_waitv"],
+        # how a wait over doorbells and descriptors together sleeps; the reason when it is not io_uring
+        "park_backend": park["backend"] + (f" ({park['reason']})" if park["reason"] else ""),
         "cuda_driver": _cuda_driver(),
         "nvtx": "ranges built in (domain 'hotloop')" if build["nvtx"] else "built without the NVTX3 headers",
         "default_wait_policy": repr(hotloop.WaitPolicy()),

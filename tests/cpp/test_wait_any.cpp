@@ -140,7 +140,7 @@ TEST(WaitAny, FlagWakesAWaitThatAlsoWatchesDescriptors) {
   EXPECT_EQ(wait_any(s, 2, 5'000 * kMs, p), 2u);
   int64_t woke = now_ns();
   setter.join();
-  EXPECT_LT(woke - set_at.load(), 50 * kMs) << "the flag must wake the ppoll through the eventfd, not the 100 ms recheck";
+  EXPECT_LT(woke - set_at.load(), 50 * kMs) << "the flag must wake the park at once, not a periodic re-check";
   EXPECT_EQ(f.doorbell()->parked(), 0u);
 }
 
@@ -170,6 +170,7 @@ TEST(WaitAny, HungUpDescriptorCountsAsReady) {
 }
 
 TEST(WaitAny, DescriptorClosedWhileWaitedOnRaises) {
+  // The close wakes nothing (the kernel holds the watched file open): the park's safety timeout notices it.
   Pipe pipe;
   FdSource fd(pipe.r);
   Source* s[] = {&fd};
@@ -179,10 +180,44 @@ TEST(WaitAny, DescriptorClosedWhileWaitedOnRaises) {
     ::close(pipe.r);
     pipe.r = -1;
   });
+  WaitStats st;
   int64_t t0 = now_ns();
-  EXPECT_THROW(wait_any(s, 1, -1, p), SourceError);
-  EXPECT_LT(now_ns() - t0, 1'000 * kMs);
+  EXPECT_THROW(wait_any(s, 1, -1, p, nullptr, &st), SourceError);
+  EXPECT_LT(now_ns() - t0, kFdSafetyNs + 500 * kMs);
+  EXPECT_EQ(st.safety_wakeups, 1u);
   closer.join();
+}
+
+TEST(WaitAny, DescriptorClosedWhileWaitedOnRaisesWithinAHookSlice) {
+  Pipe pipe;
+  FdSource fd(pipe.r);
+  Source* s[] = {&fd};
+  WaitPolicy p = kParkAtOnce;
+  WaitHooks hooks;
+  hooks.slice_ns = 50 * kMs;
+  hooks.on_slice = [](void*) {};
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ::close(pipe.r);
+    pipe.r = -1;
+  });
+  WaitStats st;
+  int64_t t0 = now_ns();
+  EXPECT_THROW(wait_any(s, 1, -1, p, &hooks, &st), SourceError);
+  EXPECT_LT(now_ns() - t0, 500 * kMs);
+  EXPECT_EQ(st.safety_wakeups, 0u);
+  closer.join();
+}
+
+TEST(WaitAny, IdleDescriptorWaitWakesOnlyForTheSafetyTimeout) {
+  Pipe pipe;
+  FdSource fd(pipe.r);
+  Source* s[] = {&fd};
+  WaitPolicy p = kParkAtOnce;
+  WaitStats st;
+  EXPECT_EQ(wait_any(s, 1, kFdSafetyNs + 200 * kMs, p, nullptr, &st), 0u);
+  EXPECT_EQ(st.parks, 2u) << "one park per safety period, no 100 ms re-checks";
+  EXPECT_EQ(st.safety_wakeups, 1u);
 }
 
 TEST(WaitAny, BadArgumentsAreRejected) {
