@@ -244,3 +244,23 @@ def test_no_lost_wake_up_when_messages_race_the_readers_wait():
         p.join(10)
     q.close()
     assert got == {0: count, 1: count}
+
+
+def test_a_prepared_waiter_over_a_remote_reader_sees_every_buffered_message_and_sleeps_when_empty():
+    """A Waiter takes its sources once: the remote reader's source must stay right between calls, whether the
+    next message is buffered in the reader, still in ZeroMQ, or not sent yet."""
+    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
+    reader = MessageQueue.create_from_handle(q.export_handle(), 0)
+    q.wait_until_ready(timeout=10)
+    waiter = hotloop.Waiter([reader])
+    for burst in (1, 5, 50):
+        for i in range(burst):
+            q.enqueue(i, timeout=5)
+        got = []
+        while len(got) < burst:
+            assert waiter.wait(timeout=5), f"slept through message {len(got)} of a burst of {burst}"
+            got.append(reader.dequeue(timeout=0))
+        assert got == list(range(burst))
+        assert waiter.wait(timeout=0.2) == [], "ready with nothing to read"
+    q.close()
+    reader.close()

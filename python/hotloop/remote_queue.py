@@ -10,9 +10,12 @@ Contract:
   a reader more than ``hwm`` messages behind makes ``send`` wait, up to its timeout.
 - ``RemoteSubscriber`` (reader) has the reader surface of a shared-memory ring (``read``, ``read_view``,
   ``release``, ``readable``, ``wait_readable``, ``source``, ``close``), so MessageQueue drives both alike.
-  Its wait sleeps in ``wait_any`` on one descriptor: an epoll set holding the data socket's and its connection
-  monitor's descriptors. ZeroMQ's descriptors are edge-like (a message can be waiting with the descriptor quiet),
-  so every wait first drains what is there without blocking; ``readable()`` does the same and never blocks.
+  Its wait sleeps in ``wait_any`` on one descriptor, the same for the reader's whole life (so a prepared
+  ``Waiter`` can hold it): an epoll set of the data socket's and its connection monitor's descriptors plus an
+  eventfd that stays signalled while a message is buffered in the reader (or the writer shut down or was lost).
+  ZeroMQ's descriptors are edge-like (a message can be waiting with the descriptor quiet), so every operation
+  leaves the reader either holding the next message (eventfd signalled) or with ZeroMQ drained and its
+  descriptor re-armed; ``readable()`` does the same and never blocks.
 - Every connection is authenticated and encrypted with CurveZMQ (``docs/security.md``): the writer holds a
   server key pair and one client key pair per remote rank, all fresh per queue; the handle carries the server's
   public key and each rank's client pair, so only a process given the handle can connect. A ZAP handler admits
@@ -288,9 +291,10 @@ class RemoteSubscriber:
         self._epoll = select.epoll()
         self._epoll.register(self._sock.getsockopt(zmq.FD), select.EPOLLIN)
         self._epoll.register(self._monitor.getsockopt(zmq.FD), select.EPOLLIN)
+        self._signal = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # readable while there is something to take
+        self._signalled = False
+        self._epoll.register(self._signal, select.EPOLLIN)
         self._fd_source = FdSource(self._epoll.fileno())
-        self._ready = Flag()
-        self._ready.set()
         self._cancelled = Flag()  # set by cancel_waits()/close() from any thread: every wait ends
         self._lock = threading.Lock()  # ZeroMQ sockets are single-threaded: close() waits for a drain in progress
         self._pending: bytearray | None = None  # a received message not yet handed out
@@ -309,12 +313,10 @@ class RemoteSubscriber:
 
     @property
     def source(self) -> FdSource:
-        """The wait_any source: the epoll descriptor, after draining what ZeroMQ already holds (see contract)."""
+        """The wait_any source: the epoll descriptor, the same object every time (see contract)."""
         with self._lock:
             self._drain()
-            if self._pending is not None or self._shut_down or self._lost:
-                return self._ready  # the drain took what would have signalled the descriptor
-            return self._fd_source
+        return self._fd_source
 
     def wait_readable(self, timeout: float | None = None, policy: WaitPolicy | None = None) -> bool:
         """Wait until a message is waiting: True, or False at the timeout. Raises ClosedError / DeadPeerError
@@ -344,6 +346,11 @@ class RemoteSubscriber:
         if not self.wait_readable(timeout, policy):
             return None
         msg, self._pending = self._pending, None
+        with self._lock:
+            if not (self.closed or self._cancelled.is_set()):
+                self._drain()  # the next message, if ZeroMQ holds one, keeps the source signalled
+            else:
+                self._sync_signal()
         return msg
 
     def read_view(self, timeout: float | None = None, policy: WaitPolicy | None = None):
@@ -370,6 +377,7 @@ class RemoteSubscriber:
             if os.getpid() != self._owner_pid:
                 return
             self._epoll.close()
+            os.close(self._signal)
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
             self._sock.close(linger=0)
@@ -378,7 +386,27 @@ class RemoteSubscriber:
     # ---- internals ----
 
     def _drain(self) -> None:
-        """Take what ZeroMQ holds without blocking: connection events, then at most one message."""
+        """Take what ZeroMQ holds without blocking (connection events, then at most one message), and signal the
+        eventfd exactly while there is something to take."""
+        try:
+            self._take()
+        finally:
+            self._sync_signal()
+
+    def _sync_signal(self) -> None:
+        if self.closed:
+            return
+        want = self._pending is not None or self._shut_down or self._lost
+        if want and not self._signalled:
+            os.eventfd_write(self._signal, 1)
+        elif not want and self._signalled:
+            try:
+                os.eventfd_read(self._signal)
+            except BlockingIOError:
+                pass
+        self._signalled = want
+
+    def _take(self) -> None:
         if self.closed or self._cancelled.is_set():
             raise ClosedError(f"queue {self.name}: this reader was closed or shut down")
         while True:
