@@ -392,26 +392,9 @@ void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy
   src.bell = &l->space_bell;
   src.has_space = has_space;
   Source* s = &src;
-  for (;;) {
-    throw_if_cancelled();
-    if (l->state.load(std::memory_order_acquire) != 0) {
-      throw ClosedError("queue " + name_ + " was shut down while a message was being written");
-    }
-    if (has_space()) return;
-    int64_t now = now_ns();
-    if (now >= deadline) {
-      int rank = -1;
-      uint64_t slow = slowest_reader_pos(&rank);
-      ReaderSlot& r = slots_[rank < 0 ? 0 : rank];
-      bool attached = r.attached.load(std::memory_order_acquire) != 0;
-      throw QueueTimeout("queue " + name_ + " is full: reader rank " + std::to_string(rank) +
-                         (attached ? " (pid " + std::to_string(r.pid.load()) + ")" : " (not attached yet)") + " is " +
-                         std::to_string(pos - slow) + " bytes behind, a full ring; it is stuck or slow: make it "
-                         "read, raise the timeout, or use a larger ring");
-    }
-    wait_any(&s, 1, std::min(deadline, now + kLivenessSliceNs) - now, policy, hooks);
-    if (has_space() || l->state.load(std::memory_order_acquire) != 0 || waits_cancelled()) continue;
-    // Still full: are the readers holding the writer back alive?
+  // Are the readers holding the writer back alive? Checked as soon as the ring is full (a reader that died
+  // while the writer was not waiting is found at once) and then every liveness slice.
+  auto check_readers = [&] {
     for (uint32_t i = 0; i < geo_.n_readers; ++i) {
       ReaderSlot& r = slots_[i];
       if (r.dropped.load(std::memory_order_acquire) || !r.attached.load(std::memory_order_acquire)) continue;
@@ -425,6 +408,31 @@ void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy
                           ") of queue " + name_ + " died: the writer will not wait for it; restart the workers, "
                           "or create the queue with dead_reader='drop' to go on without it");
     }
+  };
+  int64_t next_check = 0;
+  for (;;) {
+    throw_if_cancelled();
+    if (l->state.load(std::memory_order_acquire) != 0) {
+      throw ClosedError("queue " + name_ + " was shut down while a message was being written");
+    }
+    if (has_space()) return;
+    int64_t now = now_ns();
+    if (now >= next_check) {
+      check_readers();
+      next_check = now + kLivenessSliceNs;
+      if (has_space()) return;  // a dead reader was dropped
+    }
+    if (now >= deadline) {
+      int rank = -1;
+      uint64_t slow = slowest_reader_pos(&rank);
+      ReaderSlot& r = slots_[rank < 0 ? 0 : rank];
+      bool attached = r.attached.load(std::memory_order_acquire) != 0;
+      throw QueueTimeout("queue " + name_ + " is full: reader rank " + std::to_string(rank) +
+                         (attached ? " (pid " + std::to_string(r.pid.load()) + ")" : " (not attached yet)") + " is " +
+                         std::to_string(pos - slow) + " bytes behind, a full ring; it is stuck or slow: make it "
+                         "read, raise the timeout, or use a larger ring");
+    }
+    wait_any(&s, 1, std::min(deadline, next_check) - now, policy, hooks);
   }
 }
 

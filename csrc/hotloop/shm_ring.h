@@ -10,7 +10,8 @@
 //
 // Writer: write(parts) copies the parts into the ring (the one copy), waiting with the wait policy while the
 // slowest live reader is a full ring behind; the timeout error names that reader. A reader whose process died
-// is detected within ~500 ms while the writer waits, and either raises (DeadPeerError) or is dropped
+// is detected as soon as the writer finds the ring full (then every ~500 ms while it waits), and either
+// raises (DeadPeerError) or is dropped
 // (DeadReaderPolicy::kDrop: its cursor no longer holds the writer back). Readers: read() returns the next
 // message: a zero-copy view of ring memory for a message in one record (valid until release()), or an owned
 // buffer assembled from its fragments. A reader waiting for data notices shutdown (ClosedError) and a dead
