@@ -23,6 +23,7 @@ import asyncio
 import atexit
 import contextlib
 import os
+import re
 import threading
 import time
 import weakref
@@ -64,6 +65,9 @@ def _ring_bytes(max_chunk_bytes: int) -> int:
     return 1 << (need - 1).bit_length()
 
 
+_TCP_ADDRESS = re.compile(r"tcp://(\[[0-9a-fA-F:.]+\]|[\w.-]+):([1-9][0-9]{0,4})")
+
+
 def _check_handle(handle, rank) -> None:
     """Raise BadHandleError unless `handle` is a well-formed handle of this version and `rank` one of its ranks."""
     if not isinstance(handle, Handle):
@@ -84,8 +88,8 @@ def _check_handle(handle, rank) -> None:
         ("n_local_reader", is_int(handle.n_local_reader) and 0 <= n_remote),
         ("writer_pid", is_int(handle.writer_pid)),
         ("remote_address", handle.remote_address is None if n_remote == 0 else
-         isinstance(handle.remote_address, str) and handle.remote_address.startswith("tcp://")),
-        ("remote_hwm", is_int(handle.remote_hwm, 1)),
+         isinstance(handle.remote_address, str) and _TCP_ADDRESS.fullmatch(handle.remote_address) is not None),
+        ("remote_hwm", is_int(handle.remote_hwm, 1) and handle.remote_hwm < 1 << 31),
         ("remote_server_key", handle.remote_server_key is None if n_remote == 0 else
          isinstance(handle.remote_server_key, bytes) and len(handle.remote_server_key) == 40),
         ("remote_client_keys", isinstance(keys, tuple) and len(keys) == max(n_remote, 0) and all(

@@ -278,6 +278,24 @@ class RemoteSubscriber:
         self.address = address
         self._owner_pid = os.getpid()
         self._ctx = zmq.Context()
+        try:
+            self._connect(address, rank, server_public, client_keys, hwm)
+        except BaseException:  # a reader that cannot start leaves no sockets, descriptors or threads behind
+            if getattr(self, "_epoll", None) is not None:
+                self._epoll.close()
+            if getattr(self, "_signal", None) is not None:
+                os.close(self._signal)
+            self._ctx.destroy(linger=0)
+            raise
+        self._cancelled = Flag()  # set by cancel_waits()/close() from any thread: every wait ends
+        self._lock = threading.Lock()  # ZeroMQ sockets are single-threaded: close() waits for a drain in progress
+        self._pending: bytearray | None = None  # a received message not yet handed out
+        self._lent: memoryview | None = None
+        self._shut_down = False
+        self._lost = False  # the connection to the writer dropped
+        self.closed = False
+
+    def _connect(self, address, rank, server_public, client_keys, hwm) -> None:
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.curve_serverkey = server_public  # the handshake fails against any other server
         self._sock.curve_publickey, self._sock.curve_secretkey = client_keys
@@ -295,13 +313,6 @@ class RemoteSubscriber:
         self._signalled = False
         self._epoll.register(self._signal, select.EPOLLIN)
         self._fd_source = FdSource(self._epoll.fileno())
-        self._cancelled = Flag()  # set by cancel_waits()/close() from any thread: every wait ends
-        self._lock = threading.Lock()  # ZeroMQ sockets are single-threaded: close() waits for a drain in progress
-        self._pending: bytearray | None = None  # a received message not yet handed out
-        self._lent: memoryview | None = None
-        self._shut_down = False
-        self._lost = False  # the connection to the writer dropped
-        self.closed = False
 
     # ---- the reader surface shared with ShmRing ----
 

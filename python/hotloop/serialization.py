@@ -7,6 +7,11 @@ its arrays and tensors pointing into `buffer`: pass a buffer the caller owns (th
 own copy), never ring memory that will be reused.
 
 Header: ``<4s I I`` magic, number of out-of-band buffers, pickle length; then one ``<Q`` length per buffer.
+
+Errors: ``loads`` raises ValueError (message "corrupt message: ...") for anything that is not one whole message
+(short, bad magic, lengths that do not add up, a tensor whose metadata does not match its bytes) and for a pickle
+that cannot be rebuilt; the pickle's own exception (UnpicklingError, EOFError, ImportError, ...) is chained as
+``__cause__``. Unpickling runs code named by the message: only read messages from a trusted writer.
 """
 
 from __future__ import annotations
@@ -26,10 +31,23 @@ _HEAD = struct.Struct("<4sII")
 def _rebuild_tensor(buf, dtype_name: str, shape: tuple, requires_grad: bool):
     import torch
 
-    dtype = getattr(torch, dtype_name)
+    dtype = getattr(torch, dtype_name, None) if isinstance(dtype_name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"corrupt message: tensor dtype {dtype_name!r} is not a torch dtype")
+    if not isinstance(shape, tuple) or not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError(f"corrupt message: tensor shape {shape!r} is not a tuple of sizes")
+    numel = 1
+    for d in shape:
+        numel *= d
     if buf is None:
+        if numel != 0:  # only an empty tensor travels without bytes: never allocate what the message lacks
+            raise ValueError(f"corrupt message: tensor of shape {shape} has no data")
         t = torch.empty(shape, dtype=dtype)
     else:
+        nbytes = memoryview(buf).nbytes
+        if nbytes != numel * dtype.itemsize or nbytes == 0:
+            raise ValueError(f"corrupt message: tensor of shape {shape} and dtype {dtype_name} needs "
+                             f"{numel * dtype.itemsize} bytes, the message holds {nbytes}")
         t = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
     if requires_grad:
         t.requires_grad_(True)
@@ -107,7 +125,9 @@ def dumps(obj) -> tuple[list, list]:
 
 
 def loads(buffer):
-    """Rebuild an object from one message (any buffer-protocol object, e.g. what ShmRing.read returns)."""
+    """Rebuild an object from one message (any buffer-protocol object, e.g. what ShmRing.read returns).
+
+    Raises ValueError ("corrupt message: ...", the unpickler's error as ``__cause__``) for a malformed message."""
     view = memoryview(buffer)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
@@ -118,10 +138,13 @@ def loads(buffer):
         raise ValueError(f"corrupt message: bad magic {bytes(magic)!r} (expected {MAGIC!r}); "
                          "was it written by enqueue_bytes? read it with dequeue_bytes")
     off = _HEAD.size
+    if off + 8 * n_buffers + n_pickle > view.nbytes:  # checked before the lengths are read: no huge unpack
+        raise ValueError(f"corrupt message: its header announces {n_buffers} buffers and a pickle of {n_pickle} "
+                         f"bytes, more than its {view.nbytes} bytes")
     if n_buffers == 0:
         if off + n_pickle != view.nbytes:
             raise ValueError("corrupt message: its lengths do not add up to its size")
-        return pickle.loads(view[off:])
+        return _unpickle(view[off:], None)
     lengths = struct.unpack_from(f"<{n_buffers}Q", view, off)
     off += 8 * n_buffers
     if off + n_pickle + sum(lengths) != view.nbytes:
@@ -132,4 +155,16 @@ def loads(buffer):
     for n in lengths:
         oob.append(view[off:off + n])
         off += n
-    return pickle.loads(data, buffers=oob)
+    return _unpickle(data, oob)
+
+
+def _unpickle(data, buffers):
+    try:
+        return pickle.loads(data, buffers=buffers)
+    except ValueError as e:
+        if str(e).startswith("corrupt message:"):
+            raise
+        raise ValueError(f"corrupt message: cannot unpickle it ({type(e).__name__}: {e})") from e
+    except Exception as e:  # UnpicklingError, EOFError, ImportError, AttributeError, TypeError, IndexError, ...
+        raise ValueError(f"corrupt message: cannot unpickle it ({type(e).__name__}: {e}); it is damaged, or holds an "
+                         "object this process cannot rebuild") from e
