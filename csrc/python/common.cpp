@@ -25,7 +25,8 @@ constexpr int64_t kSignalSliceNs = 250'000'000;
 // Prompt GIL hand-over: CPython gives a thread that asks for the GIL the lock only after the holder's switch
 // interval (5 ms by default) has passed. A woken waiter that must react quickly shortens the interval while
 // it takes the GIL back, then restores it. Shared by all such waiters: the first in saves, the last out
-// restores. Uses CPython's _PyEval_{Get,Set}SwitchInterval, public in 3.10-3.12; a no-op elsewhere.
+// restores. Uses CPython's _PyEval_{Get,Set}SwitchInterval, which 3.10 and 3.11 allow without the GIL; from
+// 3.12 on they need the calling thread's state (calling them here aborted the process), so it is a no-op there.
 constexpr unsigned long kPromptSwitchIntervalUs = 50;
 std::mutex g_prompt_mu;
 int g_prompt_users = 0;
@@ -34,7 +35,7 @@ unsigned long g_saved_interval_us = 0;
 }  // namespace
 
 void prompt_gil_enter() {
-#if PY_VERSION_HEX < 0x030D0000
+#if PY_VERSION_HEX < 0x030C0000
   std::lock_guard<std::mutex> lock(g_prompt_mu);
   if (g_prompt_users++ == 0) {
     g_saved_interval_us = _PyEval_GetSwitchInterval();
@@ -44,7 +45,7 @@ void prompt_gil_enter() {
 }
 
 void prompt_gil_exit() {
-#if PY_VERSION_HEX < 0x030D0000
+#if PY_VERSION_HEX < 0x030C0000
   std::lock_guard<std::mutex> lock(g_prompt_mu);
   if (--g_prompt_users == 0 && g_saved_interval_us > kPromptSwitchIntervalUs) {
     _PyEval_SetSwitchInterval(g_saved_interval_us);
