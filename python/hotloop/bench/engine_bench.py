@@ -13,6 +13,11 @@ driven by an AsyncEngineClient with the same workloads, repeated; figures are me
 - CPU per token: engine + worker CPU seconds over the decode workload / tokens generated.
 
 Method notes: TTFT is measured at the client (send -> first token received); CPU from /proc (utime + stime).
+
+Device: the engines run the model on ``device`` (``run(device=...)``; the CLI takes ``$HOTLOOP_BENCH_DEVICE``,
+default "cpu"; ``benchmarks/gpu_check.sh`` runs it with "cuda"). On CUDA the in-process executor launches each step
+from the engine thread and its completion comes from hotloop.cuda.StepNotifier (the engine loop waits on it in
+hotloop mode); the multi-process executor's rank 0 waits on its own notifier before answering.
 """
 
 from __future__ import annotations
@@ -113,11 +118,11 @@ async def _idle(client, seconds: float, pid: int):
     return {"idle_cpu_pct": 100 * (_cpu_seconds(pid) - c0) / (time.monotonic() - t0)}
 
 
-async def _one_engine(executor: str, mode: str, p: dict, progress: Progress):
+async def _one_engine(executor: str, mode: str, p: dict, progress: Progress, device: str):
     from hotloop.engine.client import AsyncEngineClient
 
     client = await AsyncEngineClient.start(MODEL, executor=executor, wait_mode=mode, max_num_seqs=64,
-                                           max_tokens_per_step=256)
+                                           max_tokens_per_step=256, device=device)
     pid = client.engine_pid
     try:
         await _single(client, 8)  # warm-up
@@ -167,7 +172,10 @@ def _plot(results: dict, path: str) -> str:
     return f"latency distributions plotted to {path}"
 
 
-def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png"):
+def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png", device: str | None = None):
+    from hotloop.engine.executor import resolve_device
+
+    device = resolve_device(device or os.environ.get("HOTLOOP_BENCH_DEVICE", "cpu"))  # a clear error up front
     p = (dict(repeats=1, arrivals=16, decode_n=8, decode_len=32, single_len=32, rate=8.0, poisson_s=2.0, idle_s=2.0)
          if quick else
          dict(repeats=3, arrivals=32, decode_n=16, decode_len=256, single_len=256, rate=10.0, poisson_s=5.0,
@@ -176,7 +184,7 @@ def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png")
     results = {}
     for executor in EXECUTORS:
         for mode in MODES:
-            results[(executor, mode)] = asyncio.run(_one_engine(executor, mode, p, progress))
+            results[(executor, mode)] = asyncio.run(_one_engine(executor, mode, p, progress, device))
     progress.close()
 
     rows, data = [], {}
@@ -194,21 +202,23 @@ def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png")
             "cpu_ms_per_token": _med(runs, "decode", "cpu_ms_per_token"),
         }
         data[f"{executor}/{mode}"] = {**{k: v[0] for k, v in m.items()}, **{k + "_spread": v[1] for k, v in m.items()},
-                                      "idle_cpu_pct": idle["idle_cpu_pct"]}
+                                      "idle_cpu_pct": idle["idle_cpu_pct"], "device": device}
         rows.append([f"{executor} / {mode}", *(fmt(m[k][0], 2 if "tok" not in k else 0) for k in (
             "arrivals_req_per_s", "arrivals_ttft_p50_ms", "arrivals_ttft_p99_ms", "decode_tok_per_s",
             "single_tok_per_s", "poisson_ttft_p99_ms", "poisson_itl_p99_ms", "queue_wait_p50_us",
             "queue_wait_p99_us", "cpu_ms_per_token")), fmt(idle["idle_cpu_pct"], 3)])
     reps = p["repeats"]
     text = table(
-        f"engine A/B, model '{MODEL}', medians over {reps} repeat{'s' * (reps > 1)} "
+        f"engine A/B, model '{MODEL}' on {device}, medians over {reps} repeat{'s' * (reps > 1)} "
         f"(arrivals {p['arrivals']} x 128/8; decode {p['decode_n']} x 32/{p['decode_len']}; single 32/"
         f"{p['single_len']}; poisson {p['rate']:g} req/s for {p['poisson_s']:g} s, 32/32; idle {p['idle_s']:g} s)",
         ["executor / mode", "arr req/s", "TTFT p50 ms", "TTFT p99 ms", "decode tok/s", "single tok/s",
          "pois TTFT p99", "ITL p99 ms", "qwait p50 us", "qwait p99 us", "CPU ms/tok", "idle CPU %"],
         rows,
         note="qwait: input thread receive -> scheduler (engine record, poisson workload). CPU: engine process and "
-             "its workers. Noise: the *_spread fields of --json give half the range over repeats.",
+             "its workers. In-process steps complete through a step notifier in every mode (block: notifier.wait, "
+             "GIL released; poll: done() in a Python loop; hotloop: wait_any on until(token) and the inputs). "
+             "Noise: the *_spread fields of --json give half the range over repeats.",
     )
     if plot_path:
         text += "\n" + _plot(results, plot_path)

@@ -2,10 +2,17 @@
 while requests keep arriving, in one of three wait modes (selected explicitly, for A/B):
 
 - ``block``: wait for the step's result (GIL released); inputs are handled between steps only.
-- ``poll``: while the step runs, loop in Python: poll the result, drain the input queue without blocking,
-  ``os.sched_yield()``. Inputs are handled at once, but the loop holds the GIL and a core.
+- ``poll``: while the step runs, loop in Python: poll the result (the step notifier's ``done``, or the answer
+  queue), drain the input queue without blocking, ``os.sched_yield()``. Inputs are handled at once, but the loop
+  holds the GIL and a core.
 - ``hotloop``: ``wait_any`` on {the step's result sources, the input queue} in C++ with the GIL released; inputs
-  that arrive during a step reach the scheduler at once; the result is processed when it lands.
+  that arrive during a step reach the scheduler at once; the result is processed when it lands. With the
+  in-process executor the step's source is its step notifier's ``until(token)``: on CUDA the driver completes it
+  when the step's stream passes its mark (after the copy of the sampled tokens to pinned host memory), on the
+  CPU the step thread does; the loop is the same code for both.
+
+The model runs on ``device`` ("cpu" by default, "cuda", "cuda:N", or "auto": CUDA when torch and hotloop's driver
+both see a GPU; executor.resolve_device says why CUDA cannot be used).
 
 Outputs are the same in every mode (sampling depends only on the request). Contract: ``input_queue`` takes
 ``AddRequest`` / ``AbortRequest`` / ``StatsRequest`` (and ``None`` or ``ShutdownRequest`` = shut down); outputs
@@ -13,7 +20,8 @@ Outputs are the same in every mode (sampling depends only on the request). Contr
 out of range: the scheduler's ``check_request``) gets an error output and the engine goes on; one whose id is not
 a str cannot be answered and is logged. A request whose draw fails (sampling returns a SampleError for it) ends
 with an error output alone. An executor failure fails every request with its message and stops the loop
-(``run`` then raises ExecutorError).
+(``run`` then raises ExecutorError). ``stats.notifier_completions`` counts the steps the executor's step notifier
+completed (in-process executor; the multi-process executor's workers hold theirs).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 from hotloop._core import InputQueue, wait_any
-from hotloop.engine.executor import ExecutorError, InProcessExecutor
+from hotloop.engine.executor import ExecutorError, InProcessExecutor, resolve_device
 from hotloop.engine.model import model_config
 from hotloop.engine.protocol import (AbortRequest, AddRequest, RequestOutput, ShutdownRequest, StatsReport,
                                      StatsRequest)
@@ -40,12 +48,14 @@ class EngineStats:
     queue_wait_ns: list[int] = field(default_factory=list)  # input thread receive -> scheduler, per request
     added_during_step: int = 0  # requests added to the scheduler while a step was running
     step_end_ns: list[int] = field(default_factory=list)
+    notifier_completions: int = 0  # steps completed by the executor's step notifier (its `completed` count)
 
 
 class EngineCore:
     def __init__(self, model="tiny", executor: str = "inprocess", tp: int = 1, wait_mode: str = "hotloop",
                  max_num_seqs: int = 64, max_tokens_per_step: int = 512, step_delay_s: float = 0.0,
-                 output_queue: InputQueue | None = None):
+                 output_queue: InputQueue | None = None, device: str = "cpu"):
+        """``executor``: "inprocess", "multiproc", or an executor object (tests; see executor.py's contract)."""
         if wait_mode not in WAIT_MODES:
             raise ValueError(f"wait_mode must be one of {WAIT_MODES}, got {wait_mode!r}")
         self.config = model_config(model)
@@ -53,13 +63,18 @@ class EngineCore:
         if executor == "inprocess":
             if tp != 1:
                 raise ValueError("the in-process executor runs one rank; use executor='multiproc' for tp > 1")
-            self.executor = InProcessExecutor(self.config, step_delay_s)
+            self.device = resolve_device(device)
+            self.executor = InProcessExecutor(self.config, step_delay_s, self.device)
         elif executor == "multiproc":
             from hotloop.engine.multiproc_executor import MultiprocExecutor
 
-            self.executor = MultiprocExecutor(self.config, tp, step_delay_s)
-        else:
+            self.device = resolve_device(device)
+            self.executor = MultiprocExecutor(self.config, tp, step_delay_s, device=self.device)
+        elif isinstance(executor, str):
             raise ValueError(f"executor must be 'inprocess' or 'multiproc', got {executor!r}")
+        else:
+            self.executor = executor
+            self.device = str(getattr(executor, "device", device))
         self.scheduler = Scheduler(self.config.vocab_size, self.config.max_seq_len, max_num_seqs,
                                    max_tokens_per_step)
         self.input_queue = InputQueue()
@@ -146,6 +161,9 @@ class EngineCore:
             raise
         self._in_step = False
         self.stats.steps += 1
+        notifier = getattr(self.executor, "notifier", None)
+        if notifier is not None:
+            self.stats.notifier_completions = notifier.completed
         self.stats.step_end_ns.append(time.monotonic_ns())
         outs = self.scheduler.update(tokens)
         if outs:
@@ -168,7 +186,7 @@ class EngineCore:
 
     def _wait_hotloop(self):
         executor, inputs = self.executor, self.input_queue
-        sources = [*executor.sources, inputs]
+        sources = [*executor.sources, inputs]  # read after submit: the step in flight's until(token)
         while True:
             ready = wait_any(sources)
             if ready and ready[-1] is inputs:

@@ -2,12 +2,16 @@
 
 Contract: each step's scheduler output is broadcast to every worker through one ``MessageQueue``; rank 0 (the
 output rank) sends the sampled tokens back through a response ``MessageQueue`` whose reader is the engine's
-wait source. With tp > 1 the workers shard the model and all-reduce through torch.distributed (gloo on CPU), so
-a step needs every worker. A monitor thread waits on the workers' process sentinels (no polling); a worker that
-dies sets the ``failed`` flag (also a wait source) and the next poll / wait raises ExecutorError naming it,
-within milliseconds. Workers die with the engine process (PR_SET_PDEATHSIG) and exit when the broadcast queue
-shuts down or its writer dies. ``shutdown()`` escalates: queue shutdown, then SIGTERM, then SIGKILL, and joins
-every worker; no process or /dev/shm segment is left.
+wait source. On CUDA (``device``; rank r runs on GPU r modulo the GPUs present) rank 0 launches its step, marks
+its ``hotloop.cuda.StepNotifier`` after the copy of the sampled tokens to pinned host memory, and waits for its
+own step on the notifier (``wait``: GIL released, spin -> yield -> park) before it answers; on the CPU its step
+runs synchronously and it answers at once. With tp > 1 the workers shard the model and all-reduce through
+torch.distributed (gloo on CPU; NCCL when every rank has a GPU of its own), so a step needs every worker. A GPU
+fault in a step is a StepError in rank 0, which exits: the engine sees a dead worker. A monitor thread waits on
+the workers' process sentinels (no polling); a worker that dies sets the ``failed`` flag (also a wait source) and
+the next poll / wait raises ExecutorError naming it, within milliseconds. Workers die with the engine process
+(PR_SET_PDEATHSIG) and exit when the broadcast queue shuts down or its writer dies. ``shutdown()`` escalates:
+queue shutdown, then SIGTERM, then SIGKILL, and joins every worker; no process or /dev/shm segment is left.
 """
 
 from __future__ import annotations
@@ -36,18 +40,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _rank_device(device: str, rank: int) -> str:
+    if device != "cuda":
+        return device
+    import torch
+
+    return f"cuda:{rank % torch.cuda.device_count()}"
+
+
 def _worker_main(rank: int, world_size: int, config: ModelConfig, bcast_handle, dist_port: int, conn,
-                 parent_pid: int, step_delay_s: float):
+                 parent_pid: int, step_delay_s: float, device: str = "cpu"):
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the engine, which stops the workers
+    own_gpus = device == "cuda"  # one GPU per rank when there are enough (NCCL cannot share one between ranks)
+    device = _rank_device(device, rank)
     all_reduce = None
     if world_size > 1:
+        import torch
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{dist_port}", rank=rank,
-                                world_size=world_size)
+        own_gpus = own_gpus and torch.cuda.device_count() >= world_size
+        dist.init_process_group("nccl" if own_gpus else "gloo", init_method=f"tcp://127.0.0.1:{dist_port}",
+                                rank=rank, world_size=world_size)
         all_reduce = dist.all_reduce
-    runner = ModelRunner(config, rank, world_size, all_reduce, step_delay_s)
+    runner = ModelRunner(config, rank, world_size, all_reduce, step_delay_s, device)
     bcast = MessageQueue.create_from_handle(bcast_handle, rank)
     response = MessageQueue(1, max_chunk_bytes=1 << 20) if rank == 0 else None
     conn.send(response.export_handle() if response else None)
@@ -59,7 +75,7 @@ def _worker_main(rank: int, world_size: int, config: ModelConfig, bcast_handle, 
                 task = bcast.dequeue()
             except (ClosedError, DeadPeerError):
                 return
-            tokens = runner.execute(task)
+            tokens = runner.execute(task)  # rank 0 on CUDA: waits on its step notifier (GIL released)
             if response:
                 response.enqueue(tokens)
     except BaseException:
@@ -72,8 +88,15 @@ def _worker_main(rank: int, world_size: int, config: ModelConfig, bcast_handle, 
 
 
 class MultiprocExecutor:
-    def __init__(self, config: ModelConfig, tp: int = 1, step_delay_s: float = 0.0, start_timeout: float = 120):
+    def __init__(self, config: ModelConfig, tp: int = 1, step_delay_s: float = 0.0, start_timeout: float = 120,
+                 device: str = "cpu"):
+        """``device``: "cpu", "cuda" (rank r on GPU r modulo the GPUs present) or "cuda:N" (every rank there);
+        resolve "auto" first (executor.resolve_device)."""
+        if step_delay_s and device != "cpu":
+            raise ValueError("step_delay_s (a test aid: the worker sleeps in each step) works on device='cpu' only")
         self.tp = tp
+        self.device = device
+        self.notifier = None  # the workers hold the step notifiers; the engine waits on the response queue
         self.failed = Flag()
         self.error: str | None = None
         self._bcast = MessageQueue(tp, max_chunk_bytes=1 << 20)
@@ -83,7 +106,7 @@ class MultiprocExecutor:
             parent, child = CTX.Pipe()
             p = CTX.Process(target=_worker_main, name=f"hotloop-worker-{rank}", daemon=True,
                             args=(rank, tp, config, self._bcast.export_handle(), port, child, os.getpid(),
-                                  step_delay_s))
+                                  step_delay_s, device))
             p.start()
             child.close()
             self._procs.append(p)
