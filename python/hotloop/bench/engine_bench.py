@@ -28,28 +28,11 @@ import random
 import statistics
 import time
 
-from hotloop.bench.report import Progress, fmt, percentile, table
+from hotloop.bench.report import Progress, fmt, percentile, process_tree_cpu_seconds, table
 
 MODES = ("block", "poll", "hotloop")
 EXECUTORS = ("inprocess", "multiproc")
 MODEL = "small"
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process and its direct children (the workers)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(p) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
 
 
 async def _stream(client, prompt_len: int, max_tokens: int, seed: int):
@@ -78,12 +61,12 @@ async def _arrivals(client, n: int):
 
 
 async def _decode(client, n: int, out_len: int, pid: int):
-    c0 = _cpu_seconds(pid)
+    c0 = process_tree_cpu_seconds(pid)
     t0 = time.perf_counter()
     res = await asyncio.gather(*(_stream(client, 32, out_len, 1000 + i) for i in range(n)))
     dt = time.perf_counter() - t0
     tokens = sum(r[2] for r in res)
-    return {"tok_per_s": tokens / dt, "cpu_ms_per_token": (_cpu_seconds(pid) - c0) * 1e3 / tokens}
+    return {"tok_per_s": tokens / dt, "cpu_ms_per_token": (process_tree_cpu_seconds(pid) - c0) * 1e3 / tokens}
 
 
 async def _single(client, out_len: int):
@@ -113,9 +96,9 @@ async def _poisson(client, rate: float, seconds: float):
 
 async def _idle(client, seconds: float, pid: int):
     await asyncio.sleep(0.2)
-    c0, t0 = _cpu_seconds(pid), time.monotonic()
+    c0, t0 = process_tree_cpu_seconds(pid), time.monotonic()
     await asyncio.sleep(seconds)
-    return {"idle_cpu_pct": 100 * (_cpu_seconds(pid) - c0) / (time.monotonic() - t0)}
+    return {"idle_cpu_pct": 100 * (process_tree_cpu_seconds(pid) - c0) / (time.monotonic() - t0)}
 
 
 async def _one_engine(executor: str, mode: str, p: dict, progress: Progress, device: str):

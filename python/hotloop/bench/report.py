@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import sys
 import time
@@ -75,3 +76,31 @@ def table(title: str, headers: list[str], rows: list[list], note: str = "") -> s
     if note:
         out.append(note)
     return "\n".join(out)
+
+
+def process_tree_cpu_seconds(root: int) -> float:
+    """utime + stime of `root` and every live descendant, in seconds (children that exited are not counted)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, cpu = {}, {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(p)] = int(fields[1])
+        cpu[int(p)] = (int(fields[11]) + int(fields[12])) / tick
+    total, stack, seen = 0.0, [root], set()
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += cpu.get(pid, 0.0)
+        stack.extend(children.get(pid, ()))
+    return total

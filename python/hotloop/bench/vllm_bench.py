@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from hotloop.bench.report import Progress, fmt, median, percentile, table
+from hotloop.bench.report import Progress, fmt, median, percentile, process_tree_cpu_seconds, table
 
 OUTPUT_TOKENS = 64
 BATCHES = (1, 16)
@@ -40,34 +40,6 @@ BIND = {1: "0", 2: "0|1"}
 
 
 # ---- process-tree CPU ----
-
-def _tree_cpu_seconds(root: int) -> float:
-    """utime + stime of `root` and every live descendant, in seconds (children that exited are not counted)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parent, cpu = {}, {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(p)] = int(fields[1])
-        cpu[int(p)] = (int(fields[11]) + int(fields[12])) / tick
-    total, stack, seen = 0.0, [root], set()
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    while stack:
-        pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        total += cpu.get(pid, 0.0)
-        stack.extend(children.get(pid, ()))
-    return total
-
 
 def tree(root: int) -> dict[int, str]:
     """pid -> command line (vLLM retitles its processes: VLLM::EngineCore, VLLM::Worker_TP0, ...) of `root` and
@@ -165,11 +137,11 @@ class Driver:
 
     def generate(self, batch: int, max_tokens: int = OUTPUT_TOKENS) -> dict:
         """One burst: {"wall_s", "token_ids", "cpu_s"}, or {"error", "message", "after_s"} when vLLM raised."""
-        c0 = _tree_cpu_seconds(self.pid)
+        c0 = process_tree_cpu_seconds(self.pid)
         self.proc.stdin.write(json.dumps({"cmd": "generate", "batch": batch, "max_tokens": max_tokens}) + "\n")
         self.proc.stdin.flush()
         out = self._read()
-        out["cpu_s"] = _tree_cpu_seconds(self.pid) - c0
+        out["cpu_s"] = process_tree_cpu_seconds(self.pid) - c0
         return out
 
     def processes(self) -> dict[int, str]:
@@ -182,9 +154,9 @@ class Driver:
         res = []
         for start, end in windows:
             time.sleep(max(0.0, t0 + start - time.monotonic()))
-            c0, w0 = _tree_cpu_seconds(self.pid), time.monotonic()
+            c0, w0 = process_tree_cpu_seconds(self.pid), time.monotonic()
             time.sleep(max(0.0, t0 + end - time.monotonic()))
-            res.append(100.0 * (_tree_cpu_seconds(self.pid) - c0) / (time.monotonic() - w0))
+            res.append(100.0 * (process_tree_cpu_seconds(self.pid) - c0) / (time.monotonic() - w0))
         return res
 
     def close(self) -> dict[int, str]:
