@@ -620,7 +620,68 @@ async def _drive(agen, hang_s: float) -> list:
         await agen.aclose()
 
 
-class EngineLoad:
+class _RequestLoad:
+    """What EngineLoad and OrchestratorLoad share: one request of the good/bad mix, driven to its end, and its
+    outcome tallied. Subclasses set report, rng, bad_ratio, tally, area (the report's area and label) and
+    _inflight_bad / _ids."""
+
+    area = ""
+
+    async def _request(self, start, death_error, explain_death, unexplained: str) -> bool:
+        """Run one request (start(request_id, kwargs) -> its output stream); True if it finished."""
+        bad = self.rng.random() < self.bad_ratio
+        name = self.rng.choice(list(BAD_REQUESTS)) if bad else "good"
+        kwargs = BAD_REQUESTS[name]() if bad else _good_request(self.rng)
+        self._ids += 1
+        key = self._ids
+        if bad:
+            self._inflight_bad[key] = name
+        t = self.tally
+        try:
+            # a leftover entry in the orchestrator names the kind of request that left it
+            outs = await _drive(start(f"soak-{key}-{name}", kwargs), HANG_S)
+            if outs and outs[-1].finished:
+                if bad:
+                    t.bad_served += 1
+                else:
+                    t.good_finished += 1
+                return True
+            self._unexpected(bad, name, f"the stream ended without a finished output ({len(outs)} outputs)")
+        except _Hung as e:
+            t.hung += 1
+            self.report.finding(self.area, f"{self.label}request {name!r} hung: {e}", zero=True)
+        except death_error as e:
+            if explain_death(e):
+                if bad:
+                    t.bad_failed_by_kill += 1
+                else:
+                    t.good_failed_by_kill += 1
+            else:
+                self._unexpected(bad, name, f"{unexplained}: {e}")
+        except CLEAR_REJECTIONS as e:
+            if bad:
+                t.bad_rejected[type(e).__name__] = t.bad_rejected.get(type(e).__name__, 0) + 1
+            else:
+                self._unexpected(bad, name, f"a good request failed: {e!r}")
+        except Exception as e:
+            self._unexpected(bad, name, f"{e!r}")
+        finally:
+            self._inflight_bad.pop(key, None)
+        return False
+
+    @property
+    def label(self) -> str:
+        return ""
+
+    def _unexpected(self, bad, name, what):
+        if bad:
+            self.tally.bad_unexpected += 1
+        else:
+            self.tally.good_failed_unexpected += 1
+        self.report.finding(self.area, f"{self.label}request {name!r}: {what}", zero=True)
+
+
+class EngineLoad(_RequestLoad):
     """An AsyncEngineClient (multiproc executor) serving `concurrency` request streams; restarted when it dies."""
 
     def __init__(self, name: str, report: "Report", rng: random.Random, concurrency: int = 3, bad_ratio: float = 0.2,
@@ -633,6 +694,12 @@ class EngineLoad:
         self._death_explained = False
         self._inflight_bad: dict[int, str] = {}
         self._ids = 0
+
+    area = "engine"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}: "
 
     @property
     def ready(self) -> bool:
@@ -684,53 +751,11 @@ class EngineLoad:
             await self._one(client, dead)
             await asyncio.sleep(0)  # a request rejected at once must not starve the event loop
 
-    async def _one(self, client, dead):
+    async def _one(self, client, dead) -> bool:
         from hotloop.engine.client import EngineDeadError
 
-        bad = self.rng.random() < self.bad_ratio
-        name = self.rng.choice(list(BAD_REQUESTS)) if bad else "good"
-        kwargs = BAD_REQUESTS[name]() if bad else _good_request(self.rng)
-        self._ids += 1
-        key = self._ids
-        if bad:
-            self._inflight_bad[key] = name
-        t = self.tally
-        try:
-            outs = await _drive(client.generate(**kwargs, request_id=f"soak-{key}-{name}"), HANG_S)
-            if outs and outs[-1].finished:
-                if bad:
-                    t.bad_served += 1
-                else:
-                    t.good_finished += 1
-            else:
-                self._unexpected(bad, name, f"the stream ended without a finished output ({len(outs)} outputs)")
-        except _Hung as e:
-            t.hung += 1
-            self.report.finding("engine", f"{self.name}: request {name!r} hung: {e}", zero=True)
-        except EngineDeadError as e:
-            if self._on_death(e, dead):
-                if bad:
-                    t.bad_failed_by_kill += 1
-                else:
-                    t.good_failed_by_kill += 1
-            else:
-                self._unexpected(bad, name, f"failed when the engine died with no kill: {e}")
-        except CLEAR_REJECTIONS as e:
-            if bad:
-                t.bad_rejected[type(e).__name__] = t.bad_rejected.get(type(e).__name__, 0) + 1
-            else:
-                self._unexpected(bad, name, f"a good request failed: {e!r}")
-        except Exception as e:
-            self._unexpected(bad, name, f"{e!r}")
-        finally:
-            self._inflight_bad.pop(key, None)
-
-    def _unexpected(self, bad, name, what):
-        if bad:
-            self.tally.bad_unexpected += 1
-        else:
-            self.tally.good_failed_unexpected += 1
-        self.report.finding("engine", f"{self.name}: request {name!r}: {what}", zero=True)
+        return await self._request(lambda rid, kw: client.generate(**kw, request_id=rid), EngineDeadError,
+                                   lambda e: self._on_death(e, dead), "failed when the engine died with no kill")
 
     def _on_death(self, e, dead: asyncio.Event) -> bool:
         """The first EngineDeadError of an incarnation times its kill; True if a chaos kill explains the death."""
@@ -749,11 +774,12 @@ class EngineLoad:
         return self._death_explained
 
 
-class OrchestratorLoad:
+class OrchestratorLoad(_RequestLoad):
     """An Orchestrator (two LLM replicas streaming into one transform replica) under a stream of requests; a dead
     replica is replaced with add_replica."""
 
     STAGE_REPLICAS = (2, 1)
+    area = "orchestrator"
 
     def __init__(self, report: "Report", rng: random.Random, concurrency: int = 4, bad_ratio: float = 0.2,
                  step_delay_s: float = 0.01):
@@ -857,49 +883,15 @@ class OrchestratorLoad:
             # starve the event loop, the healer included: pace those. Load pacing, not a data path.
             await asyncio.sleep(0 if time.monotonic() - started > 0.01 else 0.05)
 
-    async def _one(self):
+    async def _one(self) -> bool:
         from hotloop.orchestrator import ReplicaDeadError
 
-        bad = self.rng.random() < self.bad_ratio
-        name = self.rng.choice(list(BAD_REQUESTS)) if bad else "good"
-        kwargs = BAD_REQUESTS[name]() if bad else _good_request(self.rng)
-        self._ids += 1
-        key = self._ids
-        if bad:
-            self._inflight_bad[key] = name
-        prompt, max_tokens = kwargs.pop("prompt"), kwargs.pop("max_tokens")
-        t = self.tally
-        try:
-            rid = f"soak-{key}-{name}"  # a leftover entry names the kind of request that left it
-            outs = await _drive(self.orch.generate(prompt, max_tokens, request_id=rid, **kwargs), HANG_S)
-            if outs and outs[-1].finished:
-                if bad:
-                    t.bad_served += 1
-                else:
-                    t.good_finished += 1
-            else:
-                self._unexpected(bad, name, f"the stream ended without a finished packet ({len(outs)} packets)")
-        except _Hung as e:
-            t.hung += 1
-            self.report.finding("orchestrator", f"request {name!r} hung: {e}", zero=True)
-        except ReplicaDeadError as e:
-            explained = self._on_replica_error(str(e))
-            if explained:
-                if bad:
-                    t.bad_failed_by_kill += 1
-                else:
-                    t.good_failed_by_kill += 1
-            else:
-                self._unexpected(bad, name, f"failed on a replica no kill explains: {e}")
-        except CLEAR_REJECTIONS as e:
-            if bad:
-                t.bad_rejected[type(e).__name__] = t.bad_rejected.get(type(e).__name__, 0) + 1
-            else:
-                self._unexpected(bad, name, f"a good request failed: {e!r}")
-        except Exception as e:
-            self._unexpected(bad, name, f"{e!r}")
-        finally:
-            self._inflight_bad.pop(key, None)
+        def start(rid, kw):
+            prompt, max_tokens = kw.pop("prompt"), kw.pop("max_tokens")
+            return self.orch.generate(prompt, max_tokens, request_id=rid, **kw)
+
+        return await self._request(start, ReplicaDeadError, lambda e: self._on_replica_error(str(e)),
+                                   "failed on a replica no kill explains")
 
     def _on_replica_error(self, msg: str) -> bool:
         """Time the kill it reports (first error naming the replica); False if no kill explains it."""
@@ -921,12 +913,6 @@ class OrchestratorLoad:
             kill.detected_s.append(time.monotonic() - kill.t)
         return True
 
-    def _unexpected(self, bad, name, what):
-        if bad:
-            self.tally.bad_unexpected += 1
-        else:
-            self.tally.good_failed_unexpected += 1
-        self.report.finding("orchestrator", f"request {name!r}: {what}", zero=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
