@@ -80,6 +80,39 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+def _ours(pid: int) -> bool:
+    """Whether `pid` is this process or one of its descendants (walks the parent chain in /proc)."""
+    me, seen = os.getpid(), set()
+    while pid > 1 and pid not in seen:
+        if pid == me:
+            return True
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
+
+
+def send_signal(pid: int, sig: int) -> bool:
+    """Signal `pid` only if it is still one of the soak's own processes: a pidfd pins the process first, then its
+    parent chain is checked, so a pid reused by another program (after ours died) is never signalled."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if not _ours(pid):
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def children_of(pid: int) -> set[int]:
     """Direct children of `pid`, without multiprocessing's resource tracker."""
     out = set()
@@ -352,7 +385,7 @@ class QueueGroup:
             if self._live is None or self._live[0] != gen:
                 return None
             self._live = None  # one kill per generation: its survivors' errors are then unambiguous
-            os.kill(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
             kind = "queue writer" if role[0] == "writer" else self.rank_kind(role[1])
             self._kill = Kill(kind, f"q{self.wid}.g{gen} {role[0]}{'' if role[1] < 0 else f' r{role[1]}'}", pid,
                               time.monotonic())
@@ -718,7 +751,8 @@ class EngineLoad(_RequestLoad):
     def _kill(self, kind, client, pid) -> Kill | None:
         if client is not self.client or self._pending_kill is not None:
             return None
-        os.kill(pid, signal.SIGKILL)
+        if not send_signal(pid, signal.SIGKILL):
+            return None  # gone already, or the pid is no longer ours
         self._pending_kill = Kill(kind, f"{self.name} {kind}", pid, time.monotonic())
         return self._pending_kill
 
@@ -814,7 +848,7 @@ class OrchestratorLoad(_RequestLoad):
     def _kill(self, replica, stage_index) -> Kill | None:
         if not replica.alive or replica.name in self._kills:
             return None
-        os.kill(replica.pid, signal.SIGKILL)
+        send_signal(replica.pid, signal.SIGKILL)
         k = self._kills[replica.name] = Kill("replica", f"replica {replica.name}", replica.pid, time.monotonic())
         self._heal()
         return k
@@ -960,20 +994,15 @@ class Chaos:
         start = _start_time(target.pid)
         if start is None:
             return
-        try:
-            os.kill(target.pid, signal.SIGSTOP)
-        except ProcessLookupError:
+        if not send_signal(target.pid, signal.SIGSTOP):
             return
         self._did(f"stop {target.kind}")
         _log(f"chaos: SIGSTOP {target.label} (pid {target.pid}) for {seconds:.2f} s")
         try:
             await asyncio.sleep(seconds)
         finally:
-            if _start_time(target.pid) == start:  # not a reused pid
-                try:
-                    os.kill(target.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+            if _start_time(target.pid) == start:  # not a reused pid (send_signal checks it is ours too)
+                send_signal(target.pid, signal.SIGCONT)
 
     async def _garbage(self, target: Target):
         seed = self.rng.randrange(1 << 30)
