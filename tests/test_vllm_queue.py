@@ -86,8 +86,9 @@ def _big_reader(handle, rank, results):
 
 def test_large_tensors_larger_than_the_ring_arrive_whole():
     q = MessageQueue(1, 1, max_chunk_bytes=1 << 20)  # a 4 MiB ring
-    results = CTX.Queue()
-    p = CTX.Process(target=_big_reader, args=(q.export_handle(), 0, results))
+    spawn = mp.get_context("spawn")  # the reader runs large torch ops: a forked child of a process whose torch
+    results = spawn.Queue()          # thread pool already ran can hang in it
+    p = spawn.Process(target=_big_reader, args=(q.export_handle(), 0, results))
     p.start()
     q.wait_until_ready()
     big = torch.zeros(6 * 1024 * 1024, dtype=torch.float32)  # 24 MiB: six times the ring
