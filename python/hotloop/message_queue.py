@@ -80,7 +80,8 @@ def _check_handle(handle, rank) -> None:
         return isinstance(v, int) and not isinstance(v, bool) and v >= low
 
     keys = handle.remote_client_keys
-    n_remote = handle.n_reader - handle.n_local_reader if is_int(handle.n_reader) and is_int(handle.n_local_reader) else -1
+    counts_ok = is_int(handle.n_reader) and is_int(handle.n_local_reader)
+    n_remote = handle.n_reader - handle.n_local_reader if counts_ok else -1
     problems = [what for what, ok in (
         ("name", isinstance(handle.name, str) and len(handle.name) < 256),
         ("capacity", is_int(handle.capacity)),
@@ -113,8 +114,9 @@ class MessageQueue:
         n_reader: readers in all; n_local_reader: those on this node (default: all). Ranks below n_local_reader
         read shared memory; the others read over TCP (CurveZMQ: authenticated, encrypted) from a publisher reached
         at connect_ip (default: $HOTLOOP_HOST_IP, else this node's outbound address) and bound on bind_ip
-        (default: connect_ip itself; "0.0.0.0" binds every interface, only if you ask). max_message_bytes: a larger enqueue
-        raises ValueError and leaves the queue usable (default: no limit). dead_reader: "raise" or "drop".
+        (default: connect_ip itself; the wildcard address binds every interface, only if you pass it).
+        max_message_bytes: a larger enqueue raises ValueError and leaves the queue usable (default: no limit).
+        dead_reader: "raise" or "drop".
         remote_hwm: messages buffered for each remote reader on each side before enqueue waits for it.
         """
         if n_local_reader is None:

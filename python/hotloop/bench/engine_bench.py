@@ -28,7 +28,7 @@ import random
 import statistics
 import time
 
-from hotloop.bench.report import Progress, fmt, percentile, process_tree_cpu_seconds, table
+from hotloop.bench.report import Progress, fmt, percentile, process_tree_cpu_seconds, table, time_stream
 
 MODES = ("block", "poll", "hotloop")
 EXECUTORS = ("inprocess", "multiproc")
@@ -40,16 +40,8 @@ async def _stream(client, prompt_len: int, max_tokens: int, seed: int):
     rng = random.Random(seed)
     prompt = [rng.randrange(256) for _ in range(prompt_len)]
     t0 = time.perf_counter()
-    last, first, gaps, n = t0, None, [], 0
-    async for out in client.generate(prompt, max_tokens, ignore_eos=True):
-        now = time.perf_counter()
-        if first is None:
-            first = now - t0
-        else:
-            gaps.append(now - last)
-        last = now
-        n += len(out.new_token_ids)
-    return first, gaps, n
+    first, gaps, outs = await time_stream(client.generate(prompt, max_tokens, ignore_eos=True), t0)
+    return first, gaps, sum(len(out.new_token_ids) for out in outs)
 
 
 async def _arrivals(client, n: int):

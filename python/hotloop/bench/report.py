@@ -104,3 +104,18 @@ def process_tree_cpu_seconds(root: int) -> float:
         total += cpu.get(pid, 0.0)
         stack.extend(children.get(pid, ()))
     return total
+
+
+async def time_stream(stream, t0: float):
+    """Time an async stream of outputs started at perf_counter() `t0`: (seconds to the first output, the gaps
+    between the next ones, the outputs)."""
+    first, last, gaps, outs = None, t0, [], []
+    async for out in stream:
+        now = time.perf_counter()
+        if first is None:
+            first = now - t0
+        else:
+            gaps.append(now - last)
+        last = now
+        outs.append(out)
+    return first, gaps, outs

@@ -31,7 +31,8 @@ import subprocess
 import sys
 import time
 
-from hotloop.bench.report import Progress, fmt, median, percentile, process_tree_cpu_seconds, table
+from hotloop.bench.report import (Progress, fmt, median, percentile, process_tree_cpu_seconds, table,
+                                   time_stream)
 
 OUTPUT_TOKENS = 64
 BATCHES = (1, 16)
@@ -309,14 +310,7 @@ def _online_driver(args) -> int:
         async def one(i, delay):
             await asyncio.sleep(delay)
             t0 = time.perf_counter()
-            first, last, gaps = None, t0, []
-            async for out in engine.generate(prompts[i], params, request_id=f"r{i}"):
-                now = time.perf_counter()
-                if first is None:
-                    first = now - t0
-                else:
-                    gaps.append(now - last)
-                last = now
+            first, gaps, _ = await time_stream(engine.generate(prompts[i], params, request_id=f"r{i}"), t0)
             return first, gaps
 
         await one(0, 0)  # warm-up
