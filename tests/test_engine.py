@@ -16,7 +16,9 @@ torch = pytest.importorskip("torch")
 from hotloop.engine import AbortRequest, AddRequest, EngineCore, ExecutorError, RequestError  # noqa: E402
 from hotloop.engine import tokenizer as tk  # noqa: E402
 from hotloop.engine.client import AsyncEngineClient, EngineClient, EngineDeadError  # noqa: E402
+from hotloop.engine.executors import Executor, executor_names, register_executor  # noqa: E402
 from hotloop.engine.scheduler import Scheduler  # noqa: E402
+from hotloop import Flag  # noqa: E402
 
 
 def _children() -> set[int]:
@@ -171,10 +173,10 @@ def test_inputs_during_a_long_step_reach_the_scheduler_only_in_poll_and_hotloop(
     _run_core(core, [_spec(0, max_tokens=2)], extra=late_arrivals)
     if mode == "block":
         assert core.stats.added_during_step == 0
-        assert min(core.stats.queue_wait_ns[1:]) > 100e6  # they waited for the step to end
+        assert min(list(core.stats.queue_wait_ns)[1:]) > 100e6  # they waited for the step to end
     else:
         assert core.stats.added_during_step == 3
-        assert max(core.stats.queue_wait_ns[1:]) < 50e6
+        assert max(list(core.stats.queue_wait_ns)[1:]) < 50e6
 
 
 def test_bad_requests_get_errors_and_the_engine_serves_the_rest():
@@ -229,6 +231,60 @@ def test_a_killed_worker_fails_every_request_within_a_second():
     assert all(r == "engine_dead" and "worker rank 1" in e and "signal 9" in e for r, e in failed.values())
     t.join(15)
     assert not t.is_alive()
+
+
+class _EosExecutor(Executor):
+    """An executor written against the interface alone: every sampling request draws EOS at once."""
+
+    def __init__(self, config, tp=1, step_delay_s=0.0, device="cpu", answer=None):
+        self.answer, self.done, self.steps = answer, Flag(), []
+        self.sources = [self.done]
+
+    def submit(self, out):
+        self.steps.append([(s.request_id, len(s.token_ids)) for s in out.segments])
+        self.in_flight = True
+        self.done.set()
+
+    def poll(self):
+        if not self.done.is_set():
+            return None
+        self.done.clear()
+        self.in_flight = False
+        return [self.answer] * len(self.steps[-1])
+
+    def shutdown(self):
+        self.sources = []
+
+
+def test_an_executor_registered_by_name_serves_the_engine():
+    register_executor("eos-test", _EosExecutor)
+    assert "eos-test" in executor_names()
+    core = EngineCore("tiny", executor="eos-test", executor_options={"answer": tk.EOS})
+    assert isinstance(core.executor, _EosExecutor) and core.device == "cpu"
+    t = threading.Thread(target=core.run)
+    t.start()
+    for i in range(3):
+        core.input_queue.put(_spec(i))
+    outs = []
+    while len(outs) < 3:
+        outs += [o for o in core.output_queue.get(timeout=30) if o.finished]
+    core.input_queue.put(None)
+    t.join(30)
+    assert sorted(o.request_id for o in outs) == ["r0", "r1", "r2"]
+    assert all(o.finished and o.finish_reason == "stop" and o.new_token_ids == [tk.EOS] for o in outs)
+    assert core.executor.sources == []  # run() shut its executor down
+    with pytest.raises(RuntimeError, match="without a step in flight"):
+        core.executor.wait(0)
+
+
+def test_unknown_executors_are_named_and_listed():
+    with pytest.raises(ValueError, match=r"executor must be one of \('inprocess', 'multiproc'.*got 'gpu-cluster'"):
+        EngineCore("tiny", executor="gpu-cluster")
+    with pytest.raises(ValueError, match="runs one rank"):
+        EngineCore("tiny", executor="inprocess", tp=2)
+    register_executor("missing-module", "hotloop.engine.executors.no_such_module:Nothing")
+    with pytest.raises(ValueError, match="'missing-module' cannot be loaded"):
+        EngineCore("tiny", executor="missing-module")
 
 
 # ---- clients and the engine process ----

@@ -15,7 +15,9 @@ import hotloop.cuda  # noqa: E402
 from conftest import CUDA_BACKEND  # noqa: E402
 from hotloop.engine import AddRequest, EngineCore, ExecutorError  # noqa: E402
 from hotloop.engine import tokenizer as tk  # noqa: E402
-from hotloop.engine.executor import InProcessExecutor, ModelRunner, cuda_problem, resolve_device  # noqa: E402
+from hotloop.engine.device import cuda_problem, resolve_device  # noqa: E402
+from hotloop.engine.executors.inprocess import InProcessExecutor  # noqa: E402
+from hotloop.engine.model_runner import ModelRunner  # noqa: E402
 from hotloop.engine.model import model_config  # noqa: E402
 
 MODES = ("block", "poll", "hotloop")
@@ -126,7 +128,7 @@ def test_resolve_device_names_what_to_change():
     if cuda_problem() is not None:
         with pytest.raises(ValueError, match="cannot be used: .*use device='cpu'"):
             EngineCore("tiny", device="cuda")
-    from hotloop.engine.multiproc_executor import MultiprocExecutor
+    from hotloop.engine.executors.multiproc import MultiprocExecutor
 
     with pytest.raises(ValueError, match="device='cpu' only"):  # refused before any worker starts
         MultiprocExecutor(model_config("tiny"), 1, step_delay_s=0.1, device="cuda")

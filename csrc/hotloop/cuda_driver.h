@@ -12,25 +12,9 @@
 #include <string>
 
 #include "hotloop/cuda_api.h"
+#include "hotloop/errors.h"
 
 namespace hotloop {
-
-// A driver call failed. code() is the CUresult; what() names the call and gives the driver's error name and
-// description, e.g. "cuEventRecord failed: CUDA_ERROR_INVALID_HANDLE (invalid resource handle)".
-class CudaError : public std::runtime_error {
- public:
-  CudaError(const std::string& what, cuda_api::CUresult code) : std::runtime_error(what), code_(code) {}
-  cuda_api::CUresult code() const noexcept { return code_; }
-
- private:
-  cuda_api::CUresult code_;
-};
-
-// No usable driver: not installed, no device, or a library without the entry points hotloop needs.
-class CudaUnavailable : public CudaError {
- public:
-  using CudaError::CudaError;
-};
 
 struct CudaDriver {
   cuda_api::PFN_cuDriverGetVersion cuDriverGetVersion = nullptr;

@@ -7,7 +7,7 @@
 // token is (this counter's id << 40) | step number (1, 2, ...): tokens from one counter increase, and a token
 // from another counter is recognised and refused instead of being read as a step number of this one.
 // Roles. complete(n) and fail(n, why) are called by the completion mechanism, in token order, from any thread.
-// done/until/error are safe from any thread. Ordering: done(n) implies done(m) for every m < n.
+// done/until/settled/error are safe from any thread. Ordering: done(n) implies done(m) for every m < n.
 // Failure: fail(n, why) completes n (waiters wake) and records the first error; done(n) then throws StepError
 // with that message for every token >= the failed one, so a failed step is never mistaken for a finished one.
 #pragma once
@@ -18,14 +18,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "hotloop/errors.h"
 #include "hotloop/source.h"
 
 namespace hotloop {
-
-class StepError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 class StepCounter {
  public:
@@ -40,6 +36,19 @@ class StepCounter {
    private:
     StepCounter& counter_;
     uint64_t token_;
+  };
+
+  // A wait_any source that is ready while every step issued so far is done (or failed). Unlike Until it does
+  // not name a step, so it stays the same object from step to step (a prepared Waiter can hold it); with one
+  // step in flight at a time it is ready exactly when that step is done.
+  class Settled final : public Source {
+   public:
+    explicit Settled(StepCounter& counter) : counter_(counter) {}
+    bool ready() const noexcept override { return counter_.completed() >= counter_.issued(); }
+    Doorbell* doorbell() noexcept override { return &counter_.bell_; }
+
+   private:
+    StepCounter& counter_;
   };
 
   static constexpr int kStepBits = 40;

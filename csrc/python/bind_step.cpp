@@ -24,6 +24,8 @@ void bind_step(nb::module_& m) {
 
   nb::class_<StepCounter::Until, Source>(m, "StepUntil", "A wait_any source: ready once its step is done.")
       .def_prop_ro("token", &StepCounter::Until::token);
+  nb::class_<StepCounter::Settled, Source>(m, "StepSettled",
+                                           "A wait_any source: ready while every marked step is done.");
 
   nb::class_<StepCounter> cls(
       m, "HostStepNotifier",

@@ -1,4 +1,4 @@
-// The methods every step notifier shares in Python (done / wait / until / issued / completed), bound for any
+// The methods every step notifier shares in Python (done / wait / until / settled / issued / completed), bound for any
 // class that can hand out its StepCounter.
 #pragma once
 
@@ -29,6 +29,11 @@ void add_step_methods(nb::class_<T>& cls, CounterOf counter_of, const char* name
       .def(
           "until", [counter_of](T& self, uint64_t token) { return counter_of(self).until(token); }, "token"_a,
           nb::keep_alive<0, 1>(), "A wait_any source that is ready once step `token` is done.")
+      .def(
+          "settled", [counter_of](T& self) { return StepCounter::Settled(counter_of(self)); },
+          nb::keep_alive<0, 1>(),
+          "A wait_any source that is ready while every marked step is done: the same source for every step (with "
+          "one step in flight it is until(that step)), so a prepared Waiter can hold it.")
       .def_prop_ro(
           "issued", [counter_of](T& self) { return counter_of(self).issued() - counter_of(self).base(); },
           "How many steps were marked.")

@@ -10,11 +10,14 @@ The primitives come from the C++ core (``hotloop._core``):
 - :class:`HostStepNotifier`: "step N is done" for CPU engines, completed by the thread that runs the steps.
 - :class:`StepNotifier` (also ``hotloop.cuda.StepNotifier``): the same for work on CUDA streams.
 - :class:`MessageQueue`: one writer, many reader processes, over a shared-memory ring; readers are wait sources.
+
+Every exception hotloop raises is in :mod:`hotloop.errors`.
 """
 
 from queue import Empty
 
-from hotloop.message_queue import BadHandleError, DeadPeerError, MessageQueue
+from hotloop.errors import BadHandleError, DeadPeerError, HotloopError, QueueTimeout
+from hotloop.message_queue import MessageQueue
 from hotloop._core import (
     ClosedError,
     CudaError,
@@ -26,6 +29,7 @@ from hotloop._core import (
     SourceError,
     StepError,
     StepNotifier,
+    StepSettled,
     StepUntil,
     WaitPolicy,
     Waiter,
@@ -41,13 +45,16 @@ __all__ = [
     "CudaError",
     "Empty",
     "FdSource",
+    "HotloopError",
     "Flag",
     "HostStepNotifier",
     "InputQueue",
+    "QueueTimeout",
     "Source",
     "SourceError",
     "StepError",
     "StepNotifier",
+    "StepSettled",
     "StepUntil",
     "WaitPolicy",
     "Waiter",

@@ -109,5 +109,35 @@ TEST(StepCounter, ManyStepsCompletedByAWorkerThreadAreAllSeen) {
   worker.join();
 }
 
+// One Settled source held across many steps (as a prepared Waiter holds it): ready exactly when the step in
+// flight is done, parked waits woken by each completion, none lost.
+TEST(StepCounter, SettledIsOneSourceForEveryStep) {
+  StepCounter c;
+  StepCounter::Settled settled(c);
+  EXPECT_TRUE(settled.ready()) << "nothing issued: settled";
+  const uint64_t steps = 2'000;
+  std::atomic<uint64_t> launched{0};
+  std::thread worker([&] {
+    for (uint64_t n = 1; n <= steps; ++n) {
+      while (launched.load(std::memory_order_acquire) < n) cpu_relax();
+      if (n % 2) std::this_thread::sleep_for(std::chrono::microseconds(200));  // let odd steps park
+      c.complete(c.base() + n);
+    }
+  });
+  Source* s = &settled;
+  WaitPolicy park(0, 0, false);
+  for (uint64_t n = 1; n <= steps; ++n) {
+    uint64_t t = c.mark();
+    launched.store(n, std::memory_order_release);
+    ASSERT_EQ(wait_any(&s, 1, 5'000'000'000, park), 1u) << "lost completion of step " << n;
+    ASSERT_TRUE(c.done(t));
+  }
+  worker.join();
+  uint64_t t = c.mark();
+  EXPECT_FALSE(settled.ready()) << "a marked step in flight";
+  c.fail(t, "injected");
+  EXPECT_TRUE(settled.ready()) << "a failed step is settled too: its waiter wakes and done() raises";
+}
+
 }  // namespace
 }  // namespace hotloop

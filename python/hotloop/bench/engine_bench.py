@@ -148,7 +148,7 @@ def _plot(results: dict, path: str) -> str:
 
 
 def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png", device: str | None = None):
-    from hotloop.engine.executor import resolve_device
+    from hotloop.engine.device import resolve_device
 
     device = resolve_device(device or os.environ.get("HOTLOOP_BENCH_DEVICE", "cpu"))  # a clear error up front
     p = (dict(repeats=1, arrivals=16, decode_n=8, decode_len=32, single_len=32, rate=8.0, poisson_s=2.0, idle_s=2.0)

@@ -3,10 +3,11 @@ loop in three wait modes (block / poll / hotloop), in-process and multi-process 
 its clients."""
 
 from hotloop.engine.core import WAIT_MODES, EngineCore
-from hotloop.engine.executor import ExecutorError
+from hotloop.engine.executors import Executor, create_executor, register_executor
 from hotloop.engine.model import PRESETS, ModelConfig
 from hotloop.engine.protocol import AbortRequest, AddRequest, RequestOutput
-from hotloop.engine.scheduler import RequestError
+from hotloop.errors import EngineDeadError, ExecutorError, RequestError, RequestTypeError
 
-__all__ = ["AbortRequest", "AddRequest", "EngineCore", "ExecutorError", "ModelConfig", "PRESETS", "RequestError",
-           "RequestOutput", "WAIT_MODES"]
+__all__ = ["AbortRequest", "AddRequest", "EngineCore", "EngineDeadError", "Executor", "ExecutorError", "ModelConfig",
+           "PRESETS", "RequestError", "RequestOutput", "RequestTypeError", "WAIT_MODES", "create_executor",
+           "register_executor"]

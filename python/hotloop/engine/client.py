@@ -31,15 +31,12 @@ from hotloop.engine import tokenizer
 from hotloop.engine.lifecycle import stop_processes
 from hotloop.engine.model import model_config
 from hotloop.engine.process import engine_main
-from hotloop.engine.protocol import (AbortRequest, AddRequest, OutputBatch, RequestOutput, ShutdownRequest,
+from hotloop.engine.protocol import (AbortRequest, AddRequest, FinishReason, OutputBatch, RequestOutput, ShutdownRequest,
                                      StatsReport, StatsRequest, encoder, engine_decoder)
-from hotloop.engine.scheduler import RequestError, RequestTypeError, check_request
+from hotloop.engine.scheduler import check_request
+from hotloop.errors import EngineDeadError, RequestError, RequestTypeError
 
 CTX = mp.get_context("spawn")
-
-
-class EngineDeadError(RuntimeError):
-    """The engine process died; nothing sent to it will be answered. Start a new client."""
 
 
 def _prompt_ids(prompt):
@@ -226,7 +223,7 @@ class EngineClient:
             while True:
                 while stream.items:
                     out = stream.items.popleft()
-                    if out.finish_reason == "engine_dead":
+                    if out.finish_reason == FinishReason.ENGINE_DEAD:
                         stream.done = True
                         self._engine.dead, self._engine.dead_reason = True, out.error
                         raise EngineDeadError(out.error)
@@ -350,7 +347,7 @@ class AsyncEngineClient:
                 if isinstance(out, EngineDeadError):
                     done = True
                     raise out
-                if out.finish_reason == "engine_dead":
+                if out.finish_reason == FinishReason.ENGINE_DEAD:
                     done = True
                     raise EngineDeadError(out.error)
                 if out.error:

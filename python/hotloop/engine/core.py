@@ -5,14 +5,14 @@ while requests keep arriving, in one of three wait modes (selected explicitly, f
 - ``poll``: while the step runs, loop in Python: poll the result (the step notifier's ``done``, or the answer
   queue), drain the input queue without blocking, ``os.sched_yield()``. Inputs are handled at once, but the loop
   holds the GIL and a core.
-- ``hotloop``: ``wait_any`` on {the step's result sources, the input queue} in C++ with the GIL released; inputs
-  that arrive during a step reach the scheduler at once; the result is processed when it lands. With the
-  in-process executor the step's source is its step notifier's ``until(token)``: on CUDA the driver completes it
-  when the step's stream passes its mark (after the copy of the sampled tokens to pinned host memory), on the
-  CPU the step thread does; the loop is the same code for both.
+- ``hotloop``: one prepared ``Waiter`` (its own adaptive policy) on {the executor's sources, the input queue}, in
+  C++ with the GIL released; inputs that arrive during a step reach the scheduler at once; the result is
+  processed when it lands. With the in-process executor the step's source is its step notifier's ``settled()``:
+  on CUDA the driver completes the step when its stream passes its mark (after the copy of the sampled tokens to
+  pinned host memory), on the CPU the step thread does; the loop is the same code for both.
 
 The model runs on ``device`` ("cpu" by default, "cuda", "cuda:N", or "auto": CUDA when torch and hotloop's driver
-both see a GPU; executor.resolve_device says why CUDA cannot be used).
+both see a GPU; device.resolve_device says why CUDA cannot be used).
 
 Outputs are the same in every mode (sampling depends only on the request). Contract: ``input_queue`` takes
 ``AddRequest`` / ``AbortRequest`` / ``StatsRequest`` (and ``None`` or ``ShutdownRequest`` = shut down); outputs
@@ -29,57 +29,60 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
-from hotloop._core import InputQueue, wait_any
-from hotloop.engine.executor import ExecutorError, InProcessExecutor, resolve_device
+from hotloop._core import InputQueue, WaitPolicy, Waiter
+from hotloop.engine.device import resolve_device
+from hotloop.engine.executors import Executor, create_executor, executor_class
 from hotloop.engine.model import model_config
-from hotloop.engine.protocol import (AbortRequest, AddRequest, RequestOutput, ShutdownRequest, StatsReport,
+from hotloop.engine.protocol import (AbortRequest, AddRequest, FinishReason, RequestOutput, ShutdownRequest, StatsReport,
                                      StatsRequest)
-from hotloop.engine.scheduler import RequestError, Scheduler
+from hotloop.engine.scheduler import Scheduler
+from hotloop.errors import ExecutorError, RequestError
 
 WAIT_MODES = ("block", "poll", "hotloop")
+QUEUE_WAIT_SAMPLES = 100_000  # the statistics stay bounded in an engine nobody asks for them
 _log = logging.getLogger("hotloop.engine")
 
 
 @dataclass
 class EngineStats:
     steps: int = 0
-    queue_wait_ns: list[int] = field(default_factory=list)  # input thread receive -> scheduler, per request
+    # input thread receive -> scheduler, per request, since the last StatsRequest (the latest QUEUE_WAIT_SAMPLES)
+    queue_wait_ns: deque = field(default_factory=lambda: deque(maxlen=QUEUE_WAIT_SAMPLES))
     added_during_step: int = 0  # requests added to the scheduler while a step was running
-    step_end_ns: list[int] = field(default_factory=list)
     notifier_completions: int = 0  # steps completed by the executor's step notifier (its `completed` count)
 
 
 class EngineCore:
-    def __init__(self, model="tiny", executor: str = "inprocess", tp: int = 1, wait_mode: str = "hotloop",
-                 max_num_seqs: int = 64, max_tokens_per_step: int = 512, step_delay_s: float = 0.0,
-                 output_queue: InputQueue | None = None, device: str = "cpu"):
-        """``executor``: "inprocess", "multiproc", or an executor object (tests; see executor.py's contract)."""
+    def __init__(self, model="tiny", executor: str | Executor = "inprocess", tp: int = 1,
+                 wait_mode: str = "hotloop", max_num_seqs: int = 64, max_tokens_per_step: int = 512,
+                 step_delay_s: float = 0.0, output_queue: InputQueue | None = None, device: str = "cpu",
+                 executor_options: dict | None = None):
+        """``executor``: a registered executor's name ("inprocess", "multiproc", ...: executors.executor_names())
+        made with ``executor_options``, or an Executor object (its own device)."""
         if wait_mode not in WAIT_MODES:
             raise ValueError(f"wait_mode must be one of {WAIT_MODES}, got {wait_mode!r}")
         self.config = model_config(model)
         self.wait_mode = wait_mode
-        if executor == "inprocess":
-            if tp != 1:
-                raise ValueError("the in-process executor runs one rank; use executor='multiproc' for tp > 1")
-            self.device = resolve_device(device)
-            self.executor = InProcessExecutor(self.config, step_delay_s, self.device)
-        elif executor == "multiproc":
-            from hotloop.engine.multiproc_executor import MultiprocExecutor
-
-            self.device = resolve_device(device)
-            self.executor = MultiprocExecutor(self.config, tp, step_delay_s, device=self.device)
-        elif isinstance(executor, str):
-            raise ValueError(f"executor must be 'inprocess' or 'multiproc', got {executor!r}")
-        else:
+        if isinstance(executor, Executor):
             self.executor = executor
-            self.device = str(getattr(executor, "device", device))
+            self.device = executor.device
+        else:
+            executor_class(executor)  # an unknown name fails before the device is resolved
+            self.device = resolve_device(device)
+            self.executor = create_executor(executor, self.config, tp=tp, step_delay_s=step_delay_s,
+                                            device=self.device, **(executor_options or {}))
         self.scheduler = Scheduler(self.config.vocab_size, self.config.max_seq_len, max_num_seqs,
                                    max_tokens_per_step)
         self.input_queue = InputQueue()
         self.output_queue = output_queue if output_queue is not None else InputQueue()
         self.stats = EngineStats()
+        # hotloop mode: one prepared wait over {the executor's sources, the input queue}, with its own adaptive
+        # policy (the spin budget follows how long this loop's waits last)
+        self.wait_policy = WaitPolicy(adaptive=True)
+        self._waiter = None
         self._stopping = False
         self._in_step = False
 
@@ -92,7 +95,7 @@ class EngineCore:
             _log.exception("the engine failed to handle a %s; dropped it", type(msg).__name__)
             rid = getattr(msg, "request_id", None)
             if isinstance(msg, AddRequest) and isinstance(rid, str) and rid not in self.scheduler.requests:
-                self.output_queue.put([RequestOutput(rid, [], True, "error",
+                self.output_queue.put([RequestOutput(rid, [], True, FinishReason.ERROR,
                                                      f"request {rid!r}: the engine could not take it (see its log)")])
 
     def _handle_one(self, msg) -> None:
@@ -100,8 +103,9 @@ class EngineCore:
             self._stopping = True
         elif isinstance(msg, StatsRequest):
             st = self.stats
-            self.output_queue.put(StatsReport(st.steps, st.queue_wait_ns, st.added_during_step, self.wait_mode))
-            st.queue_wait_ns = []
+            self.output_queue.put(StatsReport(st.steps, list(st.queue_wait_ns), st.added_during_step,
+                                                self.wait_mode))
+            st.queue_wait_ns.clear()
         elif isinstance(msg, AddRequest):
             if not isinstance(msg.request_id, str):  # no client routes an answer to it: nobody to tell
                 _log.error("dropped a request whose request_id is a %s, not a str (%r): nobody can be answered",
@@ -110,7 +114,7 @@ class EngineCore:
             try:
                 self.scheduler.add(msg)
             except RequestError as e:
-                self.output_queue.put([RequestOutput(msg.request_id, [], True, "error", str(e))])
+                self.output_queue.put([RequestOutput(msg.request_id, [], True, FinishReason.ERROR, str(e))])
                 return
             if isinstance(msg.arrival_ns, int) and msg.arrival_ns:
                 self.stats.queue_wait_ns.append(time.monotonic_ns() - msg.arrival_ns)
@@ -164,7 +168,6 @@ class EngineCore:
         notifier = getattr(self.executor, "notifier", None)
         if notifier is not None:
             self.stats.notifier_completions = notifier.completed
-        self.stats.step_end_ns.append(time.monotonic_ns())
         outs = self.scheduler.update(tokens)
         if outs:
             self.output_queue.put(outs)
@@ -186,9 +189,10 @@ class EngineCore:
 
     def _wait_hotloop(self):
         executor, inputs = self.executor, self.input_queue
-        sources = [*executor.sources, inputs]  # read after submit: the step in flight's until(token)
+        if self._waiter is None:  # the executor's sources are the same objects for its life
+            self._waiter = Waiter([*executor.sources, inputs], self.wait_policy)
         while True:
-            ready = wait_any(sources)
+            ready = self._waiter.wait()
             if ready and ready[-1] is inputs:
                 self._drain_inputs()
                 if len(ready) == 1:

@@ -25,9 +25,9 @@ import zmq
 
 from hotloop._core import ClosedError, InputQueue
 from hotloop.engine.core import EngineCore
-from hotloop.engine.executor import ExecutorError
+from hotloop.errors import ExecutorError
 from hotloop.engine.lifecycle import die_with_parent
-from hotloop.engine.protocol import (AddRequest, OutputBatch, RequestOutput, ShutdownRequest, StatsReport,
+from hotloop.engine.protocol import (AddRequest, FinishReason, OutputBatch, RequestOutput, ShutdownRequest, StatsReport,
                                      client_decoder, encoder)
 
 _ADD_FIELDS = AddRequest.__struct_fields__
@@ -47,7 +47,7 @@ def _undecodable_add(data: bytes, error: Exception) -> RequestOutput | None:
     m = re.match(r".* - at `\$\[(\d+)\]", why)  # array_like: index 0 is the tag, then the fields in order
     if m and 0 < int(m.group(1)) <= len(_ADD_FIELDS):
         why = f"{_ADD_FIELDS[int(m.group(1)) - 1]}: {why}"
-    return RequestOutput(rid, [], True, "error", f"request {rid!r}: the engine could not decode it ({why}); send "
+    return RequestOutput(rid, [], True, FinishReason.ERROR, f"request {rid!r}: the engine could not decode it ({why}); send "
                                                   "the fields with the types of hotloop.engine.protocol.AddRequest")
 
 

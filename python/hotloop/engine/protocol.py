@@ -1,8 +1,8 @@
 """Messages between engine clients and the engine process (msgspec structs, encoded as msgpack on ZeroMQ).
 
 Client -> engine: ``AddRequest``, ``AbortRequest``, ``StatsRequest``, ``ShutdownRequest``. Engine -> client:
-``OutputBatch`` (RequestOutputs: each one's newly generated tokens; ``finished`` with a reason: "stop",
-"length", "abort" or "error" with ``error`` set) and ``StatsReport``.
+``OutputBatch`` (RequestOutputs: each one's newly generated tokens; ``finished`` with a ``FinishReason``; ``error``
+set for ERROR and ENGINE_DEAD) and ``StatsReport``.
 ``arrival_ns`` is stamped by the engine's input thread (time.monotonic_ns) when it receives the request.
 Structs do not check their fields when built: the clients check an AddRequest before sending it and the engine
 checks it again (``scheduler.check_request``: a str id, int token ids in the vocabulary, max_tokens >= 1, a finite
@@ -11,7 +11,19 @@ temperature >= 0, where a temperature below 1e-5 is greedy like 0, a 64-bit seed
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request ended (a str: FinishReason.STOP == "stop"; sent as its value)."""
+
+    STOP = "stop"  # EOS or one of its stop ids
+    LENGTH = "length"  # max_tokens
+    ABORT = "abort"  # aborted by its client
+    ERROR = "error"  # this request failed alone (a bad field, a failed draw): ``error`` says why
+    ENGINE_DEAD = "engine_dead"  # the engine cannot run steps any more: every request ends with it
 
 
 class AddRequest(msgspec.Struct, array_like=True, tag="add"):
@@ -41,7 +53,7 @@ class RequestOutput(msgspec.Struct, array_like=True):
     request_id: str
     new_token_ids: list[int]
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
 
 

@@ -21,16 +21,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hotloop.engine.model import GREEDY_TEMPERATURE, SampleError, Segment
-from hotloop.engine.protocol import AddRequest, RequestOutput
+from hotloop.engine.protocol import AddRequest, FinishReason, RequestOutput
 from hotloop.engine.tokenizer import EOS
-
-
-class RequestError(ValueError):
-    """A request the engine cannot serve; only that request fails."""
-
-
-class RequestTypeError(RequestError, TypeError):
-    """A request field of the wrong type (also a RequestError: only that request fails)."""
+from hotloop.errors import RequestError, RequestTypeError
 
 
 _SEED_RANGE = (-(1 << 63), 1 << 63)
@@ -165,8 +158,8 @@ class Scheduler:
         for rid in request_ids:
             req = self.requests.get(rid)
             if req is not None:
-                self._finish(req, "abort")
-                outs.append(RequestOutput(rid, [], True, "abort"))
+                self._finish(req, FinishReason.ABORT)
+                outs.append(RequestOutput(rid, [], True, FinishReason.ABORT))
         return outs
 
     def _finish(self, req: Request, reason: str) -> None:
@@ -222,16 +215,16 @@ class Scheduler:
             if token is None:
                 continue
             if isinstance(token, SampleError):  # this request's draw failed: it alone ends, with the reason
-                self._finish(req, "error")
-                outs.append(RequestOutput(req.request_id, [], True, "error", str(token)))
+                self._finish(req, FinishReason.ERROR)
+                outs.append(RequestOutput(req.request_id, [], True, FinishReason.ERROR, str(token)))
                 continue
             req.output_token_ids.append(token)
             spec = req.spec
             reason = None
             if token in spec.stop_token_ids or (token == EOS and not spec.ignore_eos):
-                reason = "stop"
+                reason = FinishReason.STOP
             elif len(req.output_token_ids) >= spec.max_tokens:
-                reason = "length"
+                reason = FinishReason.LENGTH
             if reason:
                 self._finish(req, reason)
             outs.append(RequestOutput(req.request_id, [token], reason is not None, reason))
@@ -239,8 +232,8 @@ class Scheduler:
 
     def fail_all(self, error: str) -> list[RequestOutput]:
         """Finish every request with reason "engine_dead" (the executor failed; the engine stops)."""
-        outs = [RequestOutput(rid, [], True, "engine_dead", error) for rid in list(self.requests)]
+        outs = [RequestOutput(rid, [], True, FinishReason.ENGINE_DEAD, error) for rid in list(self.requests)]
         for req in list(self.requests.values()):
-            self._finish(req, "error")
+            self._finish(req, FinishReason.ERROR)
         self._in_flight = None
         return outs

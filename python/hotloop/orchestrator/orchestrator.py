@@ -46,9 +46,11 @@ from dataclasses import dataclass, field
 
 from hotloop.engine import tokenizer
 from hotloop.engine.client import checked_request
-from hotloop.engine.protocol import AddRequest
-from hotloop.engine.scheduler import RequestError, RequestTypeError, check_token_ids
-from hotloop.orchestrator.replica import Batch, Replica, ReplicaDeadError, StageOutput
+from hotloop.engine.protocol import AddRequest, FinishReason
+from hotloop.engine.scheduler import check_token_ids
+from hotloop.errors import OrchestratorBrokenError, ReplicaDeadError, RequestError, RequestTypeError
+from hotloop.orchestrator.packet import Packet
+from hotloop.orchestrator.replica import Batch, Replica
 from hotloop.orchestrator.vocoder import TransformChunk
 
 ENV_EVENT_DRIVEN = "HOTLOOP_ORCHESTRATOR_EVENT_DRIVEN"
@@ -60,11 +62,6 @@ _log = logging.getLogger("hotloop.orchestrator")
 
 
 SAMPLING_PARAMETERS = ("stop_token_ids", "temperature", "seed", "ignore_eos")
-
-
-class OrchestratorBrokenError(RuntimeError):
-    """One of the orchestrator's own tasks died of an unexpected exception; it serves nothing more. Shut it down
-    and start a new one."""
 
 
 def loop_from_env(value: str | None) -> str:
@@ -86,15 +83,6 @@ class StageSpec:
     options: dict = field(default_factory=dict)  # EngineCore arguments (llm) or Vocoder arguments (transform)
     max_tokens: int = 16  # an LLM stage after the first: tokens it generates from the previous stage's output
     stream_chunk_tokens: int | None = None  # an LLM stage feeding a transform: forward every N tokens
-
-
-@dataclass
-class Packet:
-    request_id: str
-    tokens: list[int] | None = None
-    frames: bytes | None = None
-    finished: bool = False
-    finish_reason: str | None = None
 
 
 @dataclass
@@ -329,13 +317,13 @@ class Orchestrator:
                 _log.exception("orchestrator: handling output of request %s failed", req.rid)
                 self._end(req, error=RuntimeError(f"request {req.rid}: the orchestrator failed to route an output: {e!r}"))
 
-    def _advance(self, req: _Request, si: int, out: StageOutput) -> None:
+    def _advance(self, req: _Request, si: int, out: Packet) -> None:
         stage = self.stages[si]
-        if out.error or out.finish_reason == "engine_dead":
+        if out.error or out.finish_reason == FinishReason.ENGINE_DEAD:
             self._end(req, error=RequestError(f"request {req.rid} failed in stage {si}: {out.error}"))
             return
-        if out.finish_reason == "abort":
-            self._end(req, Packet(req.rid, finished=True, finish_reason="abort"))
+        if out.finish_reason == FinishReason.ABORT:
+            self._end(req, Packet(req.rid, finished=True, finish_reason=FinishReason.ABORT))
             return
         if out.finished:
             self._unbind(req, si)
@@ -401,7 +389,7 @@ class Orchestrator:
         req.done = True
         for si in list(req.bound):
             replica = req.bound[si]
-            if error is not None or (packet is not None and packet.finish_reason == "abort"):
+            if error is not None or (packet is not None and packet.finish_reason == FinishReason.ABORT):
                 replica.abort(req.rid)  # stop work still running for it in other stages
             self._unbind(req, si)
         if error is not None:
@@ -490,7 +478,7 @@ class Orchestrator:
         """End a request: only the stages and replicas holding it are told."""
         req = self._requests.get(request_id)
         if req is not None:
-            self._end(req, Packet(request_id, finished=True, finish_reason="abort"))
+            self._end(req, Packet(request_id, finished=True, finish_reason=FinishReason.ABORT))
 
     async def shutdown(self) -> None:
         if self._closed:

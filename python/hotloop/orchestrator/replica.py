@@ -16,29 +16,17 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from hotloop.engine.client import EngineDeadError, EngineProcess
+from hotloop.engine.client import EngineProcess
 from hotloop.engine.process import engine_main
 from hotloop.engine.protocol import AbortRequest, OutputBatch, StatsReport, engine_decoder
+from hotloop.errors import EngineDeadError, ReplicaDeadError
 from hotloop.orchestrator import vocoder
-
-
-class ReplicaDeadError(EngineDeadError):
-    """The replica's process died."""
-
-
-@dataclass
-class StageOutput:
-    request_id: str
-    tokens: list[int] | None = None  # an LLM stage's new tokens
-    frames: bytes | None = None  # a transform stage's float32 samples
-    finished: bool = False
-    finish_reason: str | None = None
-    error: str | None = None
+from hotloop.orchestrator.packet import Packet
 
 
 @dataclass
 class Batch:
-    outputs: list[StageOutput] = field(default_factory=list)
+    outputs: list[Packet] = field(default_factory=list)
     stats: StatsReport | None = None
 
 
@@ -125,13 +113,13 @@ class Replica:
     def _decode(self, data: bytes) -> Batch:
         if self.kind == "transform":
             msg = vocoder.output_decoder.decode(data)
-            return Batch([StageOutput(o.request_id, None, o.frames, o.finished, o.finish_reason, o.error)
+            return Batch([Packet(o.request_id, None, o.frames, o.finished, o.finish_reason, o.error)
                           for o in msg.outputs])
         msg = engine_decoder.decode(data)
         if isinstance(msg, StatsReport):
             return Batch([], msg)
         assert isinstance(msg, OutputBatch)
-        return Batch([StageOutput(o.request_id, o.new_token_ids, None, o.finished, o.finish_reason, o.error)
+        return Batch([Packet(o.request_id, o.new_token_ids, None, o.finished, o.finish_reason, o.error)
                       for o in msg.outputs])
 
     async def shutdown(self) -> None:

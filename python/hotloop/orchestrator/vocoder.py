@@ -17,7 +17,7 @@ import msgspec
 
 from hotloop.engine.lifecycle import die_with_parent
 from hotloop.engine.process import connect_to_client
-from hotloop.engine.protocol import AbortRequest, ShutdownRequest
+from hotloop.engine.protocol import AbortRequest, FinishReason, ShutdownRequest
 
 log = logging.getLogger("hotloop.orchestrator.vocoder")
 
@@ -35,7 +35,7 @@ class TransformOutput(msgspec.Struct, array_like=True):
     request_id: str
     frames: bytes  # float32 samples
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
 
 
@@ -84,15 +84,15 @@ def transform_main(in_addr: str, out_addr: str, kwargs: dict, parent_pid: int, r
             break
         if isinstance(msg, AbortRequest):
             aborted.update(msg.request_ids)
-            out.send(encoder.encode(TransformBatch([TransformOutput(r, b"", True, "abort") for r in msg.request_ids])))
+            out.send(encoder.encode(TransformBatch([TransformOutput(r, b"", True, FinishReason.ABORT) for r in msg.request_ids])))
             continue
         if msg.request_id in aborted:
             continue
         try:
             frames = vocoder(msg.token_ids) if msg.token_ids else b""
-            res = TransformOutput(msg.request_id, frames, msg.final, "stop" if msg.final else None)
+            res = TransformOutput(msg.request_id, frames, msg.final, FinishReason.STOP if msg.final else None)
         except Exception as e:  # a bad chunk fails its request only
-            res = TransformOutput(msg.request_id, b"", True, "error", f"transform failed: {e!r}")
+            res = TransformOutput(msg.request_id, b"", True, FinishReason.ERROR, f"transform failed: {e!r}")
         out.send(encoder.encode(TransformBatch([res])))
     out.close()
     os._exit(0)
