@@ -1,4 +1,5 @@
-"""Shared fixtures: every test must leave no threads and no file descriptors behind."""
+"""Shared fixtures: every test must leave no threads, file descriptors, child processes or /dev/shm segments
+behind (``no_leaks``); ``children()`` and ``own_segments()`` for tests that check them themselves."""
 
 import os
 import threading
@@ -17,22 +18,113 @@ def _open_fds():
     return set(os.listdir("/proc/self/fd"))
 
 
+def _process_table() -> dict[int, int]:
+    """pid -> parent pid of every process visible here."""
+    table = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    table[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    return table
+
+
+def children() -> set[int]:
+    """This process's live child processes (multiprocessing's resource tracker apart: one per session)."""
+    me = os.getpid()
+    out = set()
+    for pid, parent in _process_table().items():
+        if parent == me:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"resource_tracker" not in f.read():
+                        out.add(pid)
+            except OSError:
+                pass
+    return out
+
+
+def own_segments() -> set[str]:
+    """hotloop's /dev/shm segments made by this process or its descendants. A segment's name carries its creator's
+    pid (hotloop-<pidns>-<pid>-...); one whose creator is alive and not ours (another test run on the machine) is
+    not counted; one whose creator is gone is (a child of this test that died leaving it)."""
+    table = _process_table()
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        more = {pid for pid, parent in table.items() if parent in mine} - mine
+        mine |= more
+        grew = bool(more)
+    out = set()
+    for name in os.listdir("/dev/shm"):
+        parts = name.split("-")
+        if parts[0] != "hotloop" or len(parts) < 3 or not parts[2].isdigit():
+            continue
+        creator = int(parts[2])
+        if creator in mine or creator not in table:
+            out.add(name)
+    return out
+
+
+def _settles(check, seconds: float):
+    """check() until it returns something falsy or `seconds` pass; returns its last value."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = check()
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.02)
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "the condition") -> None:
+    """Wait for an observable state (a parked count, a sleeping thread, a flag) instead of sleeping a fixed time
+    and hoping: checks `predicate` every millisecond; AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.001)
+
+
+def _task_state(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def thread_sleeping(thread: threading.Thread) -> bool:
+    """Whether `thread` (of this process) is asleep in the kernel now (a futex, ppoll or io_uring park: state S)."""
+    return _task_state(f"/proc/self/task/{thread.native_id}/stat") == "S"
+
+
+def process_sleeping(pid: int) -> bool:
+    """Whether process `pid`'s main thread is asleep in the kernel now (state S)."""
+    return _task_state(f"/proc/{pid}/stat") == "S"
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
+    """Every test leaves no threads, file descriptors, child processes or /dev/shm segments behind."""
     threads_before = set(threading.enumerate())
     fds_before = _open_fds()
+    kids_before = children()
+    segments_before = own_segments()
     yield
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        extra_threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
-        extra_fds = _open_fds() - fds_before
-        if not extra_threads and not extra_fds:
-            return
-        time.sleep(0.01)
+    extra_threads = _settles(lambda: [t for t in threading.enumerate() if t not in threads_before and t.is_alive()],
+                             2.0)
     assert not extra_threads, f"test left threads running: {extra_threads}"
+    extra_fds = _settles(lambda: _open_fds() - fds_before, 2.0)
     # an fd listed before may have been closed; only new ones count as leaks
     leaked = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in extra_fds if os.path.exists(f"/proc/self/fd/{fd}")}
     assert not leaked, f"test left file descriptors open: {leaked}"
+    new_kids = _settles(lambda: children() - kids_before, 5.0)
+    assert not new_kids, f"test left child processes: {new_kids}"
+    new_segments = _settles(lambda: own_segments() - segments_before, 5.0)
+    assert not new_segments, f"test left /dev/shm segments: {new_segments}"
 
 
 # CUDA: the process opens one driver, once. Unless HOTLOOP_TEST_CUDA=real (the GPU check script sets it), the

@@ -13,45 +13,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hotloop.engine import AbortRequest, AddRequest, EngineCore, ExecutorError, RequestError  # noqa: E402
+from hotloop.engine import AddRequest, EngineCore, ExecutorError, RequestError  # noqa: E402
 from hotloop.engine import tokenizer as tk  # noqa: E402
 from hotloop.engine.client import AsyncEngineClient, EngineClient, EngineDeadError  # noqa: E402
 from hotloop.engine.executors import Executor, executor_names, register_executor  # noqa: E402
 from hotloop.engine.scheduler import Scheduler  # noqa: E402
+from conftest import wait_until  # noqa: E402
 from hotloop import Flag  # noqa: E402
-
-
-def _children() -> set[int]:
-    me = str(os.getpid())
-    out = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[1] != me:
-                        continue
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"resource_tracker" not in f.read():  # multiprocessing's own helper, one per parent
-                        out.add(int(pid))
-            except OSError:
-                pass
-    return out
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    shm = {f for f in os.listdir("/dev/shm") if f.startswith("hotloop-")}
-    kids = _children()
-    yield
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        new_kids = _children() - kids
-        new_shm = {f for f in os.listdir("/dev/shm") if f.startswith("hotloop-")} - shm
-        if not new_kids and not new_shm:
-            break
-        time.sleep(0.05)
-    assert not new_kids, f"a test left child processes: {new_kids}"
-    assert not new_shm, f"a test left /dev/shm segments: {new_shm}"
 
 
 PROMPTS = [tk.encode(f"request {i}: " + "abc" * i) for i in range(6)]
@@ -166,7 +134,9 @@ def test_inputs_during_a_long_step_reach_the_scheduler_only_in_poll_and_hotloop(
     core = EngineCore("tiny", wait_mode=mode, step_delay_s=0.3)
 
     def late_arrivals(core):
-        time.sleep(0.1)  # the first step (0.3 s) is running
+        wait_until(lambda: core.executor.in_flight, what="the first step (0.3 s) starting")
+        if mode == "hotloop":  # and the loop parked on {the step, the inputs}
+            wait_until(lambda: core.input_queue.parked, what="the engine loop parking")
         for i in range(3):
             core.input_queue.put(AddRequest(f"late{i}", [1, 2, 3], 2, arrival_ns=time.monotonic_ns()))
 

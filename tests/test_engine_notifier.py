@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import hotloop  # noqa: E402
 import hotloop.cuda  # noqa: E402
-from conftest import CUDA_BACKEND  # noqa: E402
+from conftest import CUDA_BACKEND, wait_until  # noqa: E402
 from hotloop.engine import AddRequest, EngineCore, ExecutorError  # noqa: E402
 from hotloop.engine import tokenizer as tk  # noqa: E402
 from hotloop.engine.device import cuda_problem, resolve_device  # noqa: E402
@@ -82,7 +82,8 @@ def test_hotloop_waits_on_the_step_and_the_inputs_in_one_wait():
     core = EngineCore("tiny", wait_mode="hotloop", step_delay_s=0.3)
 
     def late(core):
-        time.sleep(0.1)  # the first step (0.3 s) is in flight: the loop is parked on {until(token), inputs}
+        # the first step (0.3 s) is in flight and the loop parked on {the step, the inputs}
+        wait_until(lambda: core.executor.in_flight and core.input_queue.parked, what="the engine loop parking")
         core.input_queue.put(AddRequest("late", [1, 2, 3], 2, arrival_ns=time.monotonic_ns()))
 
     got, err = _collect(core, [AddRequest("first", [1, 2], 2)], during=late)

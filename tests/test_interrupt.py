@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+from conftest import process_sleeping, wait_until
 
 CHILD = r"""
 import sys, time, hotloop
@@ -30,7 +31,7 @@ def test_sigint_interrupts_a_wait_without_timeout(kind):
     proc = subprocess.Popen([sys.executable, "-c", CHILD, kind], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "waiting"
-        time.sleep(0.2)  # let it reach the park phase
+        wait_until(lambda: process_sleeping(proc.pid), what="the child parking")
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=5)

@@ -21,20 +21,6 @@ RING = 1 << 16  # max_chunk_bytes below gives this ring size
 CHUNK = RING // 4 - 64
 
 
-def _segments():
-    return {f for f in os.listdir("/dev/shm") if f.startswith("hotloop-")}
-
-
-@pytest.fixture(autouse=True)
-def no_shm_leftovers():
-    before = _segments()
-    yield
-    deadline = time.monotonic() + 2
-    while _segments() - before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _segments() - before == set(), "a test left a segment in /dev/shm"
-
-
 def _payload(seq: int) -> bytes:
     rng = random.Random(seq)
     size = rng.randrange(4 * RING + 1) if rng.random() < 0.02 else rng.randrange(2048)

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from hotloop import ClosedError, MessageQueue
+from conftest import thread_sleeping, wait_until
+from hotloop import ClosedError, FdSource, MessageQueue
 
 LOOPBACK = "127.0.0.1"
 
@@ -25,7 +26,10 @@ def queue_pair(request):
 
 
 def _parked_dequeue(reader):
-    """Start a thread that parks in reader.dequeue(); returns (thread, outcome list)."""
+    """Start a thread that parks in reader.dequeue(); returns (thread, outcome list) once it is parked: counted on
+    the ring's doorbell (shared memory), asleep in the kernel (a remote reader parks on its descriptor)."""
+    source = reader.hotloop_source
+    parked_before = source.parked
     outcome = []
 
     def run():
@@ -36,7 +40,10 @@ def _parked_dequeue(reader):
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.2)  # long past the spin and yield phases: the thread is parked
+    if isinstance(source, FdSource):
+        wait_until(lambda: thread_sleeping(t), what="the remote reader's dequeue parking")
+    else:
+        wait_until(lambda: source.parked > parked_before, what="the reader's dequeue parking")
     assert t.is_alive() and not outcome
     return t, outcome
 

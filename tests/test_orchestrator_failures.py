@@ -31,7 +31,7 @@ async def drain(agen):
 async def shut(orch):
     replicas = [r for st in orch.stages for r in st.replicas]
     await orch.shutdown()
-    assert all(r.shutdown_calls == 1 for r in replicas)
+    assert all(not r.alive for r in replicas)
     pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     assert pending == [], f"tasks left pending: {pending}"
 

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from conftest import process_sleeping, wait_until
+
 import hotloop
 from hotloop import FdSource, Flag, InputQueue, MessageQueue, WaitPolicy, Waiter, _core, wait_any
 
@@ -192,7 +194,7 @@ def test_many_waiters_on_one_flag_all_wake():
     threads = [threading.Thread(target=waiter) for _ in range(8)]
     for t in threads:
         t.start()
-    time.sleep(0.05)
+    wait_until(lambda: f.parked == 8, what="eight waiters parking")
     f.set()
     for t in threads:
         t.join()
@@ -430,7 +432,7 @@ def test_ctrl_c_interrupts_a_mixed_wait(backend):
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_CHILD, request], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().split() == ["waiting", *backend.split()]
-        time.sleep(0.2)  # let it reach the park
+        wait_until(lambda: process_sleeping(proc.pid), what="the child parking")
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=5)

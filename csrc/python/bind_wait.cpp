@@ -76,7 +76,15 @@ WaitPolicy g_default_policy;
 void bind_wait(nb::module_& m) {
   nb::class_<Source>(m, "Source",
                      "Base of everything wait_any can wait on. `ready()` is a cheap check that consumes nothing.")
-      .def("ready", &Source::ready, "Whether the source is ready now (never blocks, consumes nothing).");
+      .def("ready", &Source::ready, "Whether the source is ready now (never blocks, consumes nothing).")
+      .def_prop_ro(
+          "parked",
+          [](Source& s) -> uint32_t {
+            Doorbell* bell = s.doorbell();
+            return bell != nullptr ? bell->parked() : 0;
+          },
+          "How many threads are parked now on this source's doorbell (of every process, for a shared-memory "
+          "queue; 0 for a descriptor source): tests and diagnostics wait for it instead of sleeping.");
 
   nb::class_<Flag, Source>(m, "Flag",
                            "A settable flag that wait_any can wait on (cancel, shutdown). Safe from any thread.")

@@ -26,7 +26,8 @@ import zmq
 from hotloop._core import ClosedError, InputQueue
 from hotloop.engine.core import EngineCore
 from hotloop.errors import ExecutorError
-from hotloop.engine.lifecycle import die_with_parent
+from hotloop.process.lifecycle import die_with_parent
+from hotloop.process.stage import connect_to_client
 from hotloop.engine.protocol import (AddRequest, FinishReason, OutputBatch, RequestOutput, ShutdownRequest, StatsReport,
                                      client_decoder, encoder)
 
@@ -116,19 +117,6 @@ def _output_thread(sock: zmq.Socket, outputs: InputQueue):
             data = _encode_batch(batch)
             if data is not None:
                 sock.send(data)
-
-
-def connect_to_client(input_addr: str, output_addr: str) -> tuple[zmq.Socket, zmq.Socket]:
-    """A stage process's two sockets: PULL for the client's requests (bound here; the client connects once the
-    process reports ready), PUSH to its outputs (the client bound it). The output socket lingers 2 s at close so
-    the last outputs reach the client."""
-    ctx = zmq.Context()
-    in_sock = ctx.socket(zmq.PULL)
-    in_sock.bind(input_addr)
-    out_sock = ctx.socket(zmq.PUSH)
-    out_sock.setsockopt(zmq.LINGER, 2000)
-    out_sock.connect(output_addr)
-    return in_sock, out_sock
 
 
 def engine_main(input_addr: str, output_addr: str, engine_kwargs: dict, parent_pid: int, ready_conn) -> None:

@@ -41,11 +41,10 @@ import asyncio
 import itertools
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 
 from hotloop.engine import tokenizer
-from hotloop.engine.client import checked_request
+from hotloop.engine.client_core import checked_request
 from hotloop.engine.protocol import AddRequest, FinishReason
 from hotloop.engine.scheduler import check_token_ids
 from hotloop.errors import OrchestratorBrokenError, ReplicaDeadError, RequestError, RequestTypeError
@@ -124,7 +123,6 @@ class Orchestrator:
         self.stages = [_Stage(s, i) for i, s in enumerate(stages)]
         self.monitor = Monitor()
         self.on_stats = None  # callable(stage_index, replica, StatsReport)
-        self.loop_ran = False  # set by the selected loop's first turn (tests check the right one runs)
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._dispatch: asyncio.Queue = asyncio.Queue()
@@ -253,7 +251,6 @@ class Orchestrator:
         self.monitor.dispatch_high_water = max(self.monitor.dispatch_high_water, self._dispatch.qsize())
 
     async def _event_loop(self):
-        self.loop_ran = True
         while True:
             if self._dispatch.empty():
                 self.monitor.loop_idle += 1
@@ -265,7 +262,6 @@ class Orchestrator:
                 self._evict(stage_index, replica, payload)
 
     async def _poll_loop(self):
-        self.loop_ran = True
         while True:
             progressed = False
             for st in self.stages:

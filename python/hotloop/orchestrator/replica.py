@@ -6,7 +6,7 @@ sends an abort; ``await read_batch()`` returns the next ``Batch`` (outputs, and/
 carry only stats or only a finished id, and is returned all the same). If the process dies, ``read_batch``
 raises ReplicaDeadError (the process sentinel is awaited with the socket; no polling). A ``read_batch`` cancelled
 with a timeout returns None and loses nothing: the receive it started is kept (never cancelled) for the next call. ``shutdown()`` stops
-and reaps the process once (later calls do nothing; ``shutdown_calls`` counts them).
+and reaps the process once (later calls do nothing).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from hotloop.engine.client import EngineProcess
 from hotloop.engine.process import engine_main
 from hotloop.engine.protocol import AbortRequest, OutputBatch, StatsReport, engine_decoder
 from hotloop.errors import EngineDeadError, ReplicaDeadError
 from hotloop.orchestrator import vocoder
 from hotloop.orchestrator.packet import Packet
+from hotloop.process.stage import StageProcess
 
 
 @dataclass
@@ -34,8 +34,7 @@ class Replica:
     def __init__(self):
         self.kind = ""
         self.name = ""
-        self.shutdown_calls = 0
-        self._proc: EngineProcess | None = None
+        self._proc: StageProcess | None = None
         self._recv: asyncio.Future | None = None
         self._death: asyncio.Future | None = None
 
@@ -45,11 +44,11 @@ class Replica:
         self.kind, self.name = kind, name or kind
         self._ctx = zmq.Context()
         if kind == "llm":
-            self._proc = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout, engine_main,
+            self._proc = await asyncio.to_thread(StageProcess, self._ctx, engine_main, kwargs, start_timeout,
                                                  "hotloop-engine", True)
         elif kind == "transform":
-            self._proc = await asyncio.to_thread(EngineProcess, self._ctx, kwargs, start_timeout,
-                                                 vocoder.transform_main, "hotloop-transform", True)
+            self._proc = await asyncio.to_thread(StageProcess, self._ctx, vocoder.transform_main, kwargs,
+                                                 start_timeout, "hotloop-transform", True)
         else:
             raise ValueError(f"replica kind must be 'llm' or 'transform', got {kind!r}")
         self._sock = self._proc.outputs  # an asyncio socket
@@ -123,7 +122,6 @@ class Replica:
                       for o in msg.outputs])
 
     async def shutdown(self) -> None:
-        self.shutdown_calls += 1
         if self._proc is None:
             return
         proc, self._proc = self._proc, None
@@ -137,6 +135,3 @@ class Replica:
         await asyncio.to_thread(proc.stop, not proc.dead, False)
         self._ctx.term()
 
-    def kill(self) -> None:
-        """Tests: SIGKILL the replica's process."""
-        self._proc.proc.kill()

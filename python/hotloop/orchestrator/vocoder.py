@@ -15,8 +15,8 @@ import signal
 
 import msgspec
 
-from hotloop.engine.lifecycle import die_with_parent
-from hotloop.engine.process import connect_to_client
+from hotloop.process.lifecycle import die_with_parent
+from hotloop.process.stage import connect_to_client
 from hotloop.engine.protocol import AbortRequest, FinishReason, ShutdownRequest
 
 log = logging.getLogger("hotloop.orchestrator.vocoder")

@@ -21,7 +21,6 @@ import importlib
 import time
 
 from hotloop._core import wait_any
-from hotloop.errors import ExecutorError
 
 
 class Executor(abc.ABC):

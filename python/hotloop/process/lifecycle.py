@@ -1,4 +1,4 @@
-"""Process lifecycle helpers for the engine: die with the parent, stop children with escalation."""
+"""Process lifecycle: die with the parent (kernel parent-death signal), stop children with escalation."""
 
 from __future__ import annotations
 
