@@ -137,10 +137,11 @@ def test_full_ring_times_out_naming_the_slow_reader_and_shutdown_wakes_readers()
         for _ in range(100):
             q.enqueue_bytes(b"x" * 900, timeout=0.05)
             fast.dequeue_bytes(timeout=0)
-    n = slow._ring.messages_read
+    behind = 0
     while slow.readable():
         slow.dequeue_bytes(timeout=0)
-    assert slow._ring.messages_read > n
+        behind += 1
+    assert behind > 0
     t0 = time.monotonic()
     import threading
 
@@ -330,7 +331,7 @@ def test_closing_inherited_copies_in_a_forked_child_leaves_the_parents_queue_alo
     for _ in range(20):  # nothing was shut down
         q.enqueue_bytes(b"m" * 900, timeout=5)
         assert bytes(r.dequeue_bytes(timeout=5)) == b"m" * 900
-    assert not q._ring.shut_down
+    assert not q._local.shut_down
     with pytest.raises(TimeoutError, match="reader rank 0"):  # the reader still holds the writer back
         for _ in range(10):
             q.enqueue_bytes(b"m" * 900, timeout=0.05)

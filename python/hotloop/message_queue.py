@@ -9,7 +9,9 @@ Names follow vLLM's MessageQueue, so engine code can switch::
     mq.enqueue({"step": 1, "tensor": t})          # one copy into shared memory, pickle 5 out-of-band buffers
     obj = reader.dequeue(timeout=1.0)             # the reader's own copy; never aliases ring memory
 
-Ranks at or above ``n_local_reader`` are readers on other nodes: same API, over TCP (``remote_queue.py``).
+Ranks at or above ``n_local_reader`` are readers on other nodes: same API, over TCP (``remote_queue.py``). The
+queue is a facade over declared backends (``queue_backends.py``): a reader has one ``ReaderBackend`` (the
+shared-memory ring or the network subscriber), the writer a ``WriterBackend`` per kind of reader it has.
 A reader is a source for :func:`hotloop.wait_any` (pass the queue itself). ``dequeue`` waits in C++ with the GIL
 released (spin, yield, park); ``readable()`` is one atomic load; ``acquire_read()`` lends a zero-copy view;
 ``await dequeue_async()`` serves asyncio. Failures: a full ring raises TimeoutError naming the slow reader; a
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from hotloop import _core
 from hotloop import serialization
 from hotloop._core import BadHandleError, ClosedError, DeadPeerError, QueueTimeout, WaitPolicy
+from hotloop.queue_backends import ReaderBackend, WriterBackend
 from hotloop.remote_queue import RemotePublisher, RemoteSubscriber
 
 HANDLE_VERSION = 3
@@ -127,45 +130,56 @@ class MessageQueue:
             raise ValueError(f"n_local_reader={n_local_reader} must be between 0 and n_reader={n_reader}")
         if dead_reader not in ("raise", "drop"):
             raise ValueError(f"dead_reader must be 'raise' or 'drop', got {dead_reader!r}")
-        self._ring = None
-        self._remote = None
-        self._max_message_bytes = max_message_bytes or 0
+        max_message_bytes = max_message_bytes or 0
+        local = remote = None
         if n_local_reader:
             _core.reap_stale_segments()
-            self._ring = _core.ShmRing.create(_ring_bytes(max_chunk_bytes), n_local_reader, self._max_message_bytes,
-                                              dead_reader, name)
-            qname, capacity = self._ring.name, self._ring.capacity
+            local = _core.ShmRing.create(_ring_bytes(max_chunk_bytes), n_local_reader, max_message_bytes,
+                                         dead_reader, name)
+            qname, capacity = local.name, local.capacity
         else:
             qname, capacity = name or f"hotloop-net-{os.getpid()}-{id(self):x}", 0
         if n_local_reader < n_reader:
-            self._remote = RemotePublisher(qname, range(n_local_reader, n_reader), connect_ip, bind_ip, dead_reader,
-                                           remote_hwm)
-        self._policy = policy if policy is not None else WaitPolicy()
-        remote = self._remote
-        self._handle = Handle(HANDLE_VERSION, qname, capacity, n_local_reader, os.getpid(), n_reader,
-                              remote.address if remote else None, remote_hwm,
-                              remote.server_public if remote else None, remote.client_keys if remote else ())
-        self.rank = -1
-        self._async_watcher = None
+            try:
+                remote = RemotePublisher(qname, range(n_local_reader, n_reader), connect_ip, bind_ip, dead_reader,
+                                         remote_hwm)
+            except BaseException:
+                if local is not None:
+                    local.close()
+                raise
+        handle = Handle(HANDLE_VERSION, qname, capacity, n_local_reader, os.getpid(), n_reader,
+                        remote.address if remote else None, remote_hwm,
+                        remote.server_public if remote else None, remote.client_keys if remote else ())
+        self._setup(handle, -1, policy, writers=(remote, local), max_message_bytes=max_message_bytes)
 
     @classmethod
     def create_from_handle(cls, handle: Handle, rank: int, policy: WaitPolicy | None = None) -> "MessageQueue":
         """Reader `rank` (0 <= rank < n_reader) of the queue `handle` describes: a shared-memory reader when
         rank < handle.n_local_reader, a network reader otherwise (same API)."""
         _check_handle(handle, rank)
-        self = cls.__new__(cls)
-        self._remote = None
-        self._max_message_bytes = 0
         if rank < handle.n_local_reader:
-            self._ring = _core.ShmRing.attach(handle.name, rank, handle.capacity, handle.n_local_reader)
+            reader = _core.ShmRing.attach(handle.name, rank, handle.capacity, handle.n_local_reader)
         else:
-            self._ring = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_server_key,
-                                          handle.remote_client_keys[rank - handle.n_local_reader], handle.remote_hwm)
-        self._policy = policy if policy is not None else WaitPolicy()
+            reader = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_server_key,
+                                      handle.remote_client_keys[rank - handle.n_local_reader], handle.remote_hwm)
+        self = cls.__new__(cls)
+        self._setup(handle, rank, policy, reader=reader)
+        return self
+
+    def _setup(self, handle: Handle, rank: int, policy: WaitPolicy | None, reader: ReaderBackend | None = None,
+               writers: tuple = (), max_message_bytes: int = 0) -> None:
+        """The one place a queue's fields are set, for the writer (rank -1: its remote and local backends, either
+        may be None) and for a reader (its backend)."""
         self._handle = handle
         self.rank = rank
+        self._policy = policy if policy is not None else WaitPolicy()
+        self._reader = reader
+        self._remote, self._local = writers if writers else (None, None)
+        self._writers = tuple(w for w in writers if w is not None)  # in write order: the network first
+        self._max_message_bytes = max_message_bytes
         self._async_watcher = None
-        return self
+        assert reader is None or isinstance(reader, ReaderBackend), type(reader)
+        assert all(isinstance(w, WriterBackend) for w in self._writers), self._writers
 
     # ---- both sides ----
 
@@ -195,26 +209,26 @@ class MessageQueue:
         if not self.is_writer:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
-        local_ok = self._ring is None or self._ring.wait_all_attached(timeout, self._policy)
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        remote_ok = self._remote is None or self._remote.wait_ready(left)
-        if not (local_ok and remote_ok):
-            local = f"{self._ring.attached_readers} of {self._ring.n_readers} local" if self._ring else "no local"
-            remote = f"{len(self._remote.attached)} of {len(self._remote.ranks)} remote" if self._remote else "no remote"
-            raise TimeoutError(f"queue {self.name}: {local} and {remote} readers attached within {timeout} s; "
-                               "start the missing readers with this queue's handle")
+        for backend in (self._local, self._remote):  # shared memory first: local readers start fastest
+            if backend is None:
+                continue
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not backend.wait_all_attached(left, self._policy):
+                counts = " and ".join(f"{b.attached_readers} of {b.n_readers} {where}" for b, where in
+                                      ((self._local, "local"), (self._remote, "remote")) if b is not None)
+                raise TimeoutError(f"queue {self.name}: {counts} readers attached within {timeout} s; "
+                                   "start the missing readers with this queue's handle")
 
     def shutdown(self) -> None:
         """Writer: no more messages; parked readers wake and raise ClosedError once they have read the rest.
         Reader (from any thread): this reader's waits, running or later, end with ClosedError at once (a
         worker's watchdog ends a worker parked in dequeue this way); the writer and other readers go on."""
         if not self.is_writer:
-            self._ring.cancel_waits()
+            self._reader.cancel_waits()
             return
-        if self._ring is not None and not self._ring.closed:
-            self._ring.shutdown()
-        if self._remote is not None:
-            self._remote.shutdown()
+        for backend in self._writers:
+            with contextlib.suppress(ClosedError):  # closed already: nothing more can be sent anyway
+                backend.shutdown()
 
     def close(self) -> None:
         """Release the queue (a writer shuts it down first). Idempotent; from any thread: a wait in another
@@ -222,11 +236,10 @@ class MessageQueue:
         if self._async_watcher is not None:
             self._async_watcher.stop()
             self._async_watcher = None
-        if self._ring is not None:
-            self._ring.close()
-        if self._remote is not None:
-            self._remote.shutdown()
-            self._remote.close()
+        if self._reader is not None:
+            self._reader.close()
+        for backend in self._writers:
+            backend.close()  # the writer's own copy shuts down first; a copy inherited by a fork does not
 
     def __enter__(self):
         return self
@@ -260,26 +273,24 @@ class MessageQueue:
         no local reader got the message; one from the ring after a network send means remote readers did."""
         if not self.is_writer:
             raise RuntimeError(f"queue {self.name}: reader rank {self.rank} cannot enqueue; only the writer can")
-        if self._remote is not None:
-            if self._max_message_bytes:
-                size = sum(memoryview(p).nbytes for p in parts)
-                if size > self._max_message_bytes:
-                    raise ValueError(f"queue {self.name}: message of {size} bytes is larger than max_message_bytes="
-                                     f"{self._max_message_bytes}; send less or raise the limit")
-            self._remote.send(parts, timeout)
-        if self._ring is not None:
-            self._ring.write(parts, timeout, self._policy)
+        if self._remote is not None and self._max_message_bytes:  # the ring checks its own
+            size = sum(memoryview(p).nbytes for p in parts)
+            if size > self._max_message_bytes:
+                raise ValueError(f"queue {self.name}: message of {size} bytes is larger than max_message_bytes="
+                                 f"{self._max_message_bytes}; send less or raise the limit")
+        for backend in self._writers:
+            backend.write(parts, timeout, self._policy)
 
     # ---- reader ----
 
     def readable(self) -> bool:
         """Whether a message is waiting: one atomic load, no system call."""
-        return self._ring.readable()
+        return self._reader.readable()
 
     @property
     def hotloop_source(self):
         """The wait_any source of a reader (wait_any accepts the queue itself)."""
-        return self._ring.source
+        return self._reader.source
 
     def dequeue(self, timeout: float | None = None):
         """The next object. Raises TimeoutError, ClosedError (shut down and drained), DeadPeerError (writer died)."""
@@ -287,7 +298,7 @@ class MessageQueue:
 
     def dequeue_bytes(self, timeout: float | None = None) -> memoryview:
         """The next message's bytes: a writable buffer owned by the caller."""
-        buf = self._ring.read(timeout, self._policy)
+        buf = self._reader.read(timeout, self._policy)
         if buf is None:
             raise TimeoutError(f"queue {self.name}: no message within {timeout} s")
         return buf
@@ -299,14 +310,14 @@ class MessageQueue:
         The view is released when the block ends; keeping a reference to it (or to an array over it) past
         the block raises BufferError there, so ring memory is never read after the writer may reuse it.
         """
-        view = self._ring.read_view(timeout, self._policy)
+        view = self._reader.read_view(timeout, self._policy)
         if view is None:
             raise TimeoutError(f"queue {self.name}: no message within {timeout} s")
         try:
             yield view
         finally:
             view.release()
-            self._ring.release()
+            self._reader.release()
 
     async def dequeue_async(self, timeout: float | None = None):
         """asyncio: the next object; the event loop is woken by the writer (no polling timer)."""
@@ -316,7 +327,7 @@ class MessageQueue:
             with contextlib.suppress(TimeoutError):
                 return self.dequeue(timeout=0)
             if self._async_watcher is None:
-                self._async_watcher = _ReadableWatcher(self._ring)
+                self._async_watcher = _ReadableWatcher(self._reader)
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"queue {self.name}: no message within {timeout} s")

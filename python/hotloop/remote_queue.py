@@ -3,11 +3,11 @@
 Contract:
 
 - ``RemotePublisher`` (writer) binds a ZeroMQ XPUB socket. Each remote reader subscribes to every message and to
-  its own rank topic, so the writer learns which ranks are attached (``wait_ready``), sees a second reader of
+  its own rank topic, so the writer learns which ranks are attached (``wait_all_attached``), sees a second reader of
   the same rank, and sees a reader leave (its connection closes; a vanished node is found by TCP keepalive in
-  about 3 s): ``send``
+  about 3 s): ``write``
   then raises DeadPeerError naming it, or forgets it (``dead_reader="drop"``). Messages are never dropped:
-  a reader more than ``hwm`` messages behind makes ``send`` wait, up to its timeout.
+  a reader more than ``hwm`` messages behind makes ``write`` wait, up to its timeout.
 - ``RemoteSubscriber`` (reader) has the reader surface of a shared-memory ring (``read``, ``read_view``,
   ``release``, ``readable``, ``wait_readable``, ``source``, ``close``), so MessageQueue drives both alike.
   Its wait sleeps in ``wait_any`` on one descriptor, the same for the reader's whole life (so a prepared
@@ -20,12 +20,12 @@ Contract:
   server key pair and one client key pair per remote rank, all fresh per queue; the handle carries the server's
   public key and each rank's client pair, so only a process given the handle can connect. A ZAP handler admits
   exactly those client keys and tags each connection with its rank, so a subscription counts only for the rank
-  whose key made it: an unknown peer can neither read, count as ready, stall ``send``, nor forge another rank's
+  whose key made it: an unknown peer can neither read, count as ready, stall ``write``, nor forge another rank's
   leave. Rejected handshakes are counted (``rejected_peers``) and logged. The publisher binds only the address
   it advertises unless told otherwise; a reader checks the server's key, so it never talks to an impostor.
 - Messages are frames ``[kind, *parts]``; kind ``M`` carries the parts of one message (joined by the reader into
   one buffer it owns), kind ``S`` is the writer's shutdown. ZeroMQ sends from its own thread: a message is on
-  its way when ``send`` returns, and one the writer's process is killed right after may not arrive. A lost connection (the writer's process died or the
+  its way when ``write`` returns, and one the writer's process is killed right after may not arrive. A lost connection (the writer's process died or the
   network failed) raises DeadPeerError in the reader once every message received before it has been read.
 """
 
@@ -112,7 +112,7 @@ class _RankAuthenticator(zmq.auth.thread.ThreadAuthenticator):
 class RemotePublisher:
     def __init__(self, queue_name: str, ranks: range, connect_ip: str | None = None, bind_ip: str | None = None,
                  dead_reader: str = "raise", hwm: int = 1000):
-        self.queue_name = queue_name
+        self.queue_name = self.name = queue_name
         self.ranks = ranks
         self.dead_reader = dead_reader
         self._owner_pid = os.getpid()
@@ -209,8 +209,17 @@ class RemotePublisher:
                                     "create the queue with dead_reader='drop'")
             self._check_peers()  # dropped: the rank is simply forgotten; report any other
 
-    def wait_ready(self, timeout: float | None) -> bool:
-        """Wait until every remote rank is attached. Raises DeadPeerError for a rank attached twice."""
+    @property
+    def n_readers(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def attached_readers(self) -> int:
+        return len(self.attached)
+
+    def wait_all_attached(self, timeout: float | None, policy=None) -> bool:
+        """Wait until every remote rank is attached (in ZeroMQ's poll: `policy` is not used). Raises DeadPeerError
+        for a rank attached twice."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self.poll_peers()
@@ -223,8 +232,9 @@ class RemotePublisher:
                 return False
             self._sock.poll(None if left is None else max(1, int(left * 1000)), zmq.POLLIN)
 
-    def send(self, parts: list, timeout: float | None) -> None:
-        """Publish one message (its parts are copied once into ZeroMQ's buffers)."""
+    def write(self, parts: list, timeout: float | None, policy=None) -> None:
+        """Publish one message (its parts are copied once into ZeroMQ's buffers; `policy` is not used: a full send
+        buffer is waited for in ZeroMQ)."""
         if self.is_shut_down:
             raise ClosedError(f"queue {self.queue_name}: enqueue after shutdown()")
         self.poll_peers()
@@ -252,8 +262,10 @@ class RemotePublisher:
             pass
 
     def close(self) -> None:
+        """Shut down (the owner process) and release; idempotent."""
         if self._sock is None:
             return
+        self.shutdown()
         if os.getpid() == self._owner_pid:  # a forked copy leaves the parent's sockets alone
             self._sock.disable_monitor()
             self._monitor.close(linger=0)

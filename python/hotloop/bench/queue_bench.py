@@ -83,11 +83,11 @@ class _HotloopView(_Hotloop):
 
     def side_b(self):
         self.rb = MessageQueue.create_from_handle(self.ab.export_handle(), 0)  # kept open while viewing
-        return self._viewer(self.rb._ring), self.ba.enqueue_bytes
+        return self._viewer(self.rb._reader), self.ba.enqueue_bytes
 
     def side_a(self):
         super().side_a()
-        return self.ab.enqueue_bytes, self._viewer(self.r._ring)
+        return self.ab.enqueue_bytes, self._viewer(self.r._reader)
 
 
 class _Pipe:
