@@ -1,5 +1,6 @@
 """hotloop.MessageQueue across processes: delivery, tensors, full ring, shutdown, dead peers, bad input, asyncio,
-and no /dev/shm leftovers."""
+and no /dev/shm leftovers. Tests taking the ``backend`` fixture run over shared-memory readers and over network
+readers alike (test_message_queue_remote.py has what only the network path has)."""
 
 import asyncio
 import hashlib
@@ -7,6 +8,7 @@ import multiprocessing as mp
 import os
 import pickle
 import random
+import re
 import signal
 import time
 
@@ -19,6 +21,22 @@ from hotloop import ClosedError, DeadPeerError, MessageQueue, WaitPolicy
 CTX = mp.get_context("fork")
 RING = 1 << 16  # max_chunk_bytes below gives this ring size
 CHUNK = RING // 4 - 64
+LOOPBACK = "127.0.0.1"
+
+
+@pytest.fixture(params=["local", "remote"])
+def backend(request):
+    """Which reader backend the test's readers get: shared memory, or the network (TCP on loopback)."""
+    return request.param
+
+
+def _queue(backend: str, n_reader: int = 1, remote_ranks: int | None = None, **kw) -> MessageQueue:
+    """A writer whose readers use `backend`: all local, or the last `remote_ranks` (default: all) remote."""
+    if backend == "local":
+        return MessageQueue(n_reader, max_chunk_bytes=kw.pop("max_chunk_bytes", CHUNK), **kw)
+    n_remote = n_reader if remote_ranks is None else remote_ranks
+    return MessageQueue(n_reader, n_local_reader=n_reader - n_remote, max_chunk_bytes=kw.pop("max_chunk_bytes", CHUNK),
+                        connect_ip=LOOPBACK, **kw)
 
 
 def _payload(seq: int) -> bytes:
@@ -161,55 +179,53 @@ def _attach_and_hang(handle, rank):
     reader.close()
 
 
-def test_a_reader_killed_mid_stream_is_detected_within_a_second():
-    q = MessageQueue(2, max_chunk_bytes=1000)
+@pytest.mark.parametrize("policy", ["raise", "drop"])
+def test_a_killed_reader_raises_within_a_second_or_is_dropped(backend, policy):
+    """Rank 1 (shared memory, or the network) is SIGKILLed while rank 0 (shared memory) keeps reading."""
+    q = _queue(backend, 2, remote_ranks=1, dead_reader=policy)
     live = MessageQueue.create_from_handle(q.export_handle(), 0)
     p = CTX.Process(target=_attach_and_hang, args=(q.export_handle(), 1))
     p.start()
     q.wait_until_ready(timeout=10)
     os.kill(p.pid, signal.SIGKILL)
+    p.join()
     t0 = time.monotonic()
-    with pytest.raises(DeadPeerError, match=rf"reader rank 1 \(pid {p.pid}\).*died"):
-        for _ in range(1000):
-            q.enqueue_bytes(b"y" * 900, timeout=10)
-            live.dequeue_bytes(timeout=1)
-    assert time.monotonic() - t0 < 1.5
-    p.join()
+    sent = 0
+    try:
+        while time.monotonic() - t0 < 2:
+            q.enqueue({"i": sent}, timeout=5)
+            assert live.dequeue(timeout=1) == {"i": sent}
+            sent += 1
+            time.sleep(0.001)
+    except DeadPeerError as e:
+        assert policy == "raise", e
+        assert re.search(rf"reader rank 1 \(pid {p.pid}\).*died|remote reader rank 1 disconnected", str(e)), e
+        assert time.monotonic() - t0 < 1.5
+        assert not live.readable(), "the failed enqueue reached a local reader"
+    else:
+        assert policy == "drop"
     q.close()
     live.close()
 
 
-def test_a_dead_reader_can_be_dropped():
-    q = MessageQueue(2, max_chunk_bytes=1000, dead_reader="drop")
-    live = MessageQueue.create_from_handle(q.export_handle(), 0)
-    p = CTX.Process(target=_attach_and_hang, args=(q.export_handle(), 1))
-    p.start()
-    q.wait_until_ready(timeout=10)
-    os.kill(p.pid, signal.SIGKILL)
-    for i in range(200):
-        q.enqueue({"i": i}, timeout=10)
-        assert live.dequeue(timeout=1) == {"i": i}
-    p.join()
-    q.close()
-    live.close()
-
-
-def _writer_then_die(handle_pipe):
-    q = MessageQueue(1, max_chunk_bytes=1000)
-    handle_pipe.send(q.export_handle())
+def _writer_then_die(conn, backend):
+    q = _queue(backend)
+    conn.send(q.export_handle())
     q.wait_until_ready(timeout=10)
     q.enqueue("last words")
+    conn.recv()  # the reader has it (ZeroMQ sends from its own thread: a kill right after enqueue may beat it)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_a_killed_writer_is_detected_by_a_parked_reader_and_leaves_no_segment():
+def test_a_killed_writer_is_detected_by_a_parked_reader_and_leaves_no_segment(backend):
     parent, child = CTX.Pipe()
-    p = CTX.Process(target=_writer_then_die, args=(child,))
+    p = CTX.Process(target=_writer_then_die, args=(child, backend))
     p.start()
     r = MessageQueue.create_from_handle(parent.recv(), 0)
     assert r.dequeue(timeout=10) == "last words"
+    parent.send("die")
     t0 = time.monotonic()
-    with pytest.raises(DeadPeerError, match="writer .* died"):
+    with pytest.raises(DeadPeerError, match="writer .* died|lost the connection to its writer"):
         r.dequeue(timeout=10)
     assert time.monotonic() - t0 < 1.5
     p.join()
@@ -253,28 +269,58 @@ def test_bad_input_gives_clear_errors_and_loses_nothing():
         q.enqueue(1)
 
 
-def test_readers_are_wait_any_sources():
-    with MessageQueue(1, max_chunk_bytes=CHUNK) as q:
+def test_readers_are_wait_any_sources_and_readable_never_blocks(backend):
+    with _queue(backend) as q:
         r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.wait_until_ready(timeout=10)
         inputs = hotloop.InputQueue()
-        assert hotloop.wait_any([r, inputs], timeout=0.01) == []
+        t0 = time.monotonic()
+        assert not r.readable()
+        assert hotloop.wait_any([r, inputs], timeout=0.05) == []
+        assert time.monotonic() - t0 < 1
         q.enqueue("hello")
-        assert hotloop.wait_any([r, inputs], timeout=1) == [r]
+        assert hotloop.wait_any([r, inputs], timeout=5) == [r]
+        assert r.readable()
         assert r.dequeue(timeout=0) == "hello"
+        q.enqueue_bytes(b"raw")
+        with r.acquire_read(timeout=5) as view:
+            assert bytes(view) == b"raw"
         r.close()
 
 
-def test_dequeue_async_many_concurrent_readers_idle_at_no_cpu():
+def test_a_prepared_waiter_over_a_reader_sees_every_buffered_message_and_sleeps_when_empty(backend):
+    """A Waiter takes its sources once: a reader's source must stay right between calls, whether the next message
+    is in the ring, buffered in a network reader, still in ZeroMQ, or not sent yet."""
+    q = _queue(backend)
+    reader = MessageQueue.create_from_handle(q.export_handle(), 0)
+    q.wait_until_ready(timeout=10)
+    waiter = hotloop.Waiter([reader])
+    for burst in (1, 5, 50):
+        for i in range(burst):
+            q.enqueue(i, timeout=5)
+        got = []
+        while len(got) < burst:
+            assert waiter.wait(timeout=5), f"slept through message {len(got)} of a burst of {burst}"
+            got.append(reader.dequeue(timeout=0))
+        assert got == list(range(burst))
+        assert waiter.wait(timeout=0.2) == [], "ready with nothing to read"
+    q.close()
+    reader.close()
+
+
+def test_dequeue_async_many_concurrent_readers_woken_by_the_writer_idle_at_no_cpu(backend):
     n = 4
-    q = MessageQueue(n, max_chunk_bytes=CHUNK)
+    q = _queue(backend, n)
     readers = [MessageQueue.create_from_handle(q.export_handle(), i) for i in range(n)]
+    q.wait_until_ready(timeout=10)
 
     async def main():
         async def consume(r):
             return [await r.dequeue_async(timeout=10) for _ in range(50)]
 
         tasks = [asyncio.create_task(consume(r)) for r in readers]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)
+        assert not any(t.done() for t in tasks)
         for i in range(50):
             q.enqueue(i)
             await asyncio.sleep(0)

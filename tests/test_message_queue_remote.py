@@ -1,19 +1,16 @@
-"""hotloop.MessageQueue readers on another node (over TCP, here on loopback): delivery next to shared-memory
-readers, wait_any and asyncio, dead writer / dead reader, a full send buffer, bad handles."""
+"""What only hotloop.MessageQueue's network readers have (over TCP, here on loopback): delivery next to
+shared-memory readers, a full send buffer, a rank attached twice, a second reader racing the wait. What both kinds
+of reader share (wait_any, Waiter, asyncio, dead writer / dead reader) runs over both in test_message_queue.py."""
 
-import asyncio
 import hashlib
 import multiprocessing as mp
-import os
 import random
-import signal
 import time
 
 import pytest
 
 import hotloop
 from hotloop import ClosedError, DeadPeerError, MessageQueue
-from test_message_queue import _attach_and_hang  # a reader process that attaches and waits to be killed
 
 CTX = mp.get_context("fork")
 CHUNK = (1 << 16) // 4 - 64  # a 64 KiB ring for the local reader
@@ -66,99 +63,6 @@ def test_remote_and_local_readers_get_every_message_once_in_order():
         p.join(30)
     q.close()
     assert got == {r: (digest.hexdigest(), "closed") for r in range(3)}
-
-
-def test_remote_reader_is_a_wait_any_source_and_readable_never_blocks():
-    with MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1") as q:
-        r = MessageQueue.create_from_handle(q.export_handle(), 0)
-        q.wait_until_ready(timeout=10)
-        inputs = hotloop.InputQueue()
-        t0 = time.monotonic()
-        assert not r.readable()
-        assert hotloop.wait_any([r, inputs], timeout=0.05) == []
-        assert time.monotonic() - t0 < 1
-        q.enqueue("hello")
-        assert hotloop.wait_any([r, inputs], timeout=5) == [r]
-        assert r.readable()
-        assert r.dequeue(timeout=0) == "hello"
-        q.enqueue_bytes(b"raw")
-        with r.acquire_read(timeout=5) as view:
-            assert bytes(view) == b"raw"
-        r.close()
-
-
-def test_remote_dequeue_async_is_woken_by_the_writer():
-    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
-    r = MessageQueue.create_from_handle(q.export_handle(), 0)
-    q.wait_until_ready(timeout=10)
-
-    async def main():
-        task = asyncio.create_task(r.dequeue_async(timeout=10))
-        await asyncio.sleep(0.05)
-        assert not task.done()
-        q.enqueue({"x": 1})
-        assert await task == {"x": 1}
-        c0, t0 = time.process_time(), time.monotonic()
-        with pytest.raises(TimeoutError):
-            await r.dequeue_async(timeout=0.5)
-        return (time.process_time() - c0) / (time.monotonic() - t0)
-
-    cpu = asyncio.run(main())
-    assert cpu < 0.05, f"an idle remote asyncio reader used {cpu:.1%} of a core"
-    r.close()
-    q.close()
-
-
-def _writer_then_die(conn):
-    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
-    conn.send(q.export_handle())
-    q.wait_until_ready(timeout=10)
-    q.enqueue("last words")
-    conn.recv()  # the reader has it (ZeroMQ sends from its own thread: a kill right after enqueue may beat it)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def test_a_killed_writer_is_detected_by_a_parked_remote_reader():
-    parent, child = CTX.Pipe()
-    p = CTX.Process(target=_writer_then_die, args=(child,))
-    p.start()
-    r = MessageQueue.create_from_handle(parent.recv(), 0)
-    assert r.dequeue(timeout=10) == "last words"
-    parent.send("die")
-    t0 = time.monotonic()
-    with pytest.raises(DeadPeerError, match="lost the connection to its writer"):
-        r.dequeue(timeout=10)
-    assert time.monotonic() - t0 < 1.5
-    p.join()
-    r.close()
-
-
-@pytest.mark.parametrize("policy", ["raise", "drop"])
-def test_a_killed_remote_reader_raises_or_is_dropped(policy):
-    q = MessageQueue(2, n_local_reader=1, max_chunk_bytes=CHUNK, dead_reader=policy, connect_ip="127.0.0.1")
-    live = MessageQueue.create_from_handle(q.export_handle(), 0)
-    p = CTX.Process(target=_attach_and_hang, args=(q.export_handle(), 1))
-    p.start()
-    q.wait_until_ready(timeout=10)
-    os.kill(p.pid, signal.SIGKILL)
-    p.join()
-    t0 = time.monotonic()
-    sent = 0
-    try:
-        while time.monotonic() - t0 < 2:
-            q.enqueue(sent, timeout=5)
-            assert live.dequeue(timeout=1) == sent
-            sent += 1
-            time.sleep(0.001)
-    except DeadPeerError as e:
-        assert policy == "raise"
-        assert "remote reader rank 1 disconnected" in str(e)
-        assert time.monotonic() - t0 < 1.5
-        assert not live.readable(), "the failed enqueue reached a local reader"
-    else:
-        assert policy == "drop"
-    q.close()
-    live.close()
 
 
 def test_a_remote_reader_that_does_not_read_makes_enqueue_time_out():
@@ -244,23 +148,3 @@ def test_no_lost_wake_up_when_messages_race_the_readers_wait():
         p.join(10)
     q.close()
     assert got == {0: count, 1: count}
-
-
-def test_a_prepared_waiter_over_a_remote_reader_sees_every_buffered_message_and_sleeps_when_empty():
-    """A Waiter takes its sources once: the remote reader's source must stay right between calls, whether the
-    next message is buffered in the reader, still in ZeroMQ, or not sent yet."""
-    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
-    reader = MessageQueue.create_from_handle(q.export_handle(), 0)
-    q.wait_until_ready(timeout=10)
-    waiter = hotloop.Waiter([reader])
-    for burst in (1, 5, 50):
-        for i in range(burst):
-            q.enqueue(i, timeout=5)
-        got = []
-        while len(got) < burst:
-            assert waiter.wait(timeout=5), f"slept through message {len(got)} of a burst of {burst}"
-            got.append(reader.dequeue(timeout=0))
-        assert got == list(range(burst))
-        assert waiter.wait(timeout=0.2) == [], "ready with nothing to read"
-    q.close()
-    reader.close()
