@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -98,7 +97,6 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose keys and values are in the KV cache
     status: str = "waiting"  # waiting -> running -> finished
-    added_ns: int = 0  # when the scheduler got it (queue wait = added_ns - spec.arrival_ns)
 
     @property
     def request_id(self) -> str:
@@ -148,7 +146,7 @@ class Scheduler:
                                 spec.seed, spec.ignore_eos, vocab_size=self.vocab_size,
                                 max_model_len=self.max_model_len)
         checked.arrival_ns = spec.arrival_ns if isinstance(spec.arrival_ns, int) else 0
-        req = Request(checked, added_ns=time.monotonic_ns())
+        req = Request(checked)
         self.requests[rid] = req
         self.waiting.append(req)
 
