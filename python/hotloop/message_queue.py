@@ -271,7 +271,7 @@ class MessageQueue:
     def _write(self, parts: list, timeout: float | None) -> None:
         """Remote readers first, then shared memory. A TimeoutError or DeadPeerError from the network side means
         no local reader got the message; one from the ring after a network send means remote readers did."""
-        if not self.is_writer:
+        if self.rank >= 0:  # not is_writer (a property call less on the hot path)
             raise RuntimeError(f"queue {self.name}: reader rank {self.rank} cannot enqueue; only the writer can")
         if self._remote is not None and self._max_message_bytes:  # the ring checks its own
             size = sum(memoryview(p).nbytes for p in parts)

@@ -1,12 +1,15 @@
 """Message serialization for hotloop.MessageQueue: pickle protocol 5 with out-of-band buffers.
 
-``dumps(obj)`` returns the parts of one message: a small header, the pickle stream, then every large buffer
-(numpy arrays, ``bytes``/``bytearray`` via PickleBuffer, CPU torch tensors) as it is in memory. The ring copies the
-parts once into shared memory, so a tensor costs one copy on write. ``loads(buffer)`` rebuilds the object with
-its arrays and tensors pointing into `buffer`: pass a buffer the caller owns (the queue hands each reader its
-own copy), never ring memory that will be reused.
+``dumps(obj)`` returns the parts of one message. An object without large buffers (the common case: requests,
+scheduler outputs, RPC tuples) is one part, the bare pickle stream, made by a pickler kept per thread: nothing is
+allocated per message beyond the pickle's bytes. An object holding large buffers (numpy arrays,
+``bytes``/``bytearray`` via PickleBuffer, CPU torch tensors) becomes a small header, the pickle stream, then every
+buffer as it is in memory. The ring copies the parts once into shared memory, so a tensor costs one copy on write.
+``loads(buffer)`` rebuilds the object with its arrays and tensors pointing into `buffer`: pass a buffer the caller
+owns (the queue hands each reader its own copy), never ring memory that will be reused.
 
-Header: ``<4s I I`` magic, number of out-of-band buffers, pickle length; then one ``<Q`` length per buffer.
+Formats: a bare pickle starts with the PROTO opcode (0x80); a message with buffers starts with the header
+``<4s I I`` magic ``HLM1``, number of out-of-band buffers, pickle length, then one ``<Q`` length per buffer.
 
 Errors: ``loads`` raises ValueError (message "corrupt message: ...") for anything that is not one whole message
 (short, bad magic, lengths that do not add up, a tensor whose metadata does not match its bytes) and for a pickle
@@ -18,13 +21,13 @@ from __future__ import annotations
 
 import copyreg
 import ctypes
-import io
 import pickle
 import struct
 import sys
 import threading
 
 MAGIC = b"HLM1"
+_PROTO = pickle.PROTO[0]  # the first byte of every pickle of protocol >= 2
 _HEAD = struct.Struct("<4sII")
 
 
@@ -74,14 +77,19 @@ def _reduce_tensor(obj, keep_alive: list):
                              obj.requires_grad)
 
 
-class _Encoder(threading.local):
-    """A pickler kept per thread (building one per message costs more than pickling a small one)."""
+class _Encoder:
+    """A pickler kept per thread (building one per message costs more than pickling a small one).
+
+    It writes into a list: the C pickler hands over its finished output buffer as one bytes object (several
+    chunks only for a pickle over 64 KiB), so nothing is copied or allocated after pickling."""
+
+    __slots__ = ("chunks", "buffers", "keep_alive", "pickler", "torch_registered")
 
     def __init__(self):
-        self.file = io.BytesIO()
+        self.chunks = []
         self.buffers = []
         self.keep_alive = []
-        self.pickler = pickle.Pickler(self.file, protocol=5, buffer_callback=self._out_of_band)
+        self.pickler = pickle.Pickler(_ListWriter(self.chunks.append), protocol=5, buffer_callback=self._out_of_band)
         self.torch_registered = False
 
     def _out_of_band(self, pb: pickle.PickleBuffer):
@@ -92,50 +100,74 @@ class _Encoder(threading.local):
         return False
 
     def register_torch(self):
-        torch = sys.modules.get("torch")
-        if torch is None or self.torch_registered:
-            return
+        torch = sys.modules["torch"]
         table = dict(copyreg.dispatch_table)
         table[torch.Tensor] = lambda t: _reduce_tensor(t, self.keep_alive)
         self.pickler.dispatch_table = table  # consulted by exact type, in C: other objects pay nothing
         self.torch_registered = True
 
 
-_ENCODER = _Encoder()
+class _ListWriter:
+    """The pickler's file: each write appends its bytes to a list."""
+
+    def __init__(self, append):
+        self.write = append
 
 
-def dumps(obj) -> tuple[list, list]:
+class _PerThread(threading.local):
+    def __init__(self):
+        self.encoder = _Encoder()
+
+
+_PER_THREAD = _PerThread()
+_NOTHING_TO_KEEP = ()
+_MODULES = sys.modules
+
+
+def dumps(obj) -> tuple[tuple, tuple | list]:
     """The parts of one message, and the objects that must stay alive until they are written."""
-    enc = _ENCODER
-    enc.register_torch()
-    enc.file.seek(0)
-    enc.file.truncate()
-    enc.buffers, enc.keep_alive = [], []
-    enc.pickler.clear_memo()
+    enc = _PER_THREAD.encoder
+    if not enc.torch_registered and "torch" in _MODULES:
+        enc.register_torch()
+    chunks, pickler = enc.chunks, enc.pickler
     try:
-        enc.pickler.dump(obj)
+        pickler.dump(obj)
+    except BaseException:
+        chunks.clear()
+        enc.buffers.clear()
+        enc.keep_alive.clear()
+        raise
     finally:
-        buffers, keep_alive = enc.buffers, enc.keep_alive
-        enc.buffers, enc.keep_alive = [], []
-    data = enc.file.getvalue()
-    header = _HEAD.pack(MAGIC, len(buffers), len(data))
-    if buffers:
-        header += struct.pack(f"<{len(buffers)}Q", *(b.nbytes for b in buffers))
-    return [header, data, *buffers], keep_alive
+        pickler.clear_memo()  # the memo would keep this message's objects alive
+    if not enc.buffers and len(chunks) == 1:  # the fast path: the pickle stream is the message
+        return (chunks.pop(),), _NOTHING_TO_KEEP
+    pickled, buffers, keep_alive = tuple(chunks), enc.buffers, enc.keep_alive
+    chunks.clear()
+    if not buffers:
+        return pickled, _NOTHING_TO_KEEP
+    enc.buffers, enc.keep_alive = [], []
+    header = _HEAD.pack(MAGIC, len(buffers), sum(memoryview(c).nbytes for c in pickled))
+    header += struct.pack(f"<{len(buffers)}Q", *(b.nbytes for b in buffers))
+    return (header, *pickled, *buffers), keep_alive
 
 
 def loads(buffer):
     """Rebuild an object from one message (any buffer-protocol object, e.g. what ShmRing.read returns).
 
     Raises ValueError ("corrupt message: ...", the unpickler's error as ``__cause__``) for a malformed message."""
-    view = memoryview(buffer)
+    view = buffer if type(buffer) is memoryview else memoryview(buffer)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
+    if view and view[0] == _PROTO:  # a bare pickle (no out-of-band buffers): the fast path, inline
+        try:
+            return pickle.loads(view)
+        except Exception as e:
+            _raise_corrupt(e)
     if view.nbytes < _HEAD.size:
         raise ValueError(f"corrupt message: {view.nbytes} bytes is shorter than a message header")
     magic, n_buffers, n_pickle = _HEAD.unpack_from(view)
     if magic != MAGIC:
-        raise ValueError(f"corrupt message: bad magic {bytes(magic)!r} (expected {MAGIC!r}); "
+        raise ValueError(f"corrupt message: bad magic {bytes(magic)!r} (expected a pickle, or {MAGIC!r}); "
                          "was it written by enqueue_bytes? read it with dequeue_bytes")
     off = _HEAD.size
     if off + 8 * n_buffers + n_pickle > view.nbytes:  # checked before the lengths are read: no huge unpack
@@ -161,10 +193,16 @@ def loads(buffer):
 def _unpickle(data, buffers):
     try:
         return pickle.loads(data, buffers=buffers)
-    except ValueError as e:
+    except Exception as e:
+        _raise_corrupt(e)
+
+
+def _raise_corrupt(e: Exception):
+    """Raise the ValueError of a pickle that cannot be rebuilt, `e` (the unpickler's error) chained."""
+    if isinstance(e, ValueError):
         if str(e).startswith("corrupt message:"):
-            raise
+            raise e
         raise ValueError(f"corrupt message: cannot unpickle it ({type(e).__name__}: {e})") from e
-    except Exception as e:  # UnpicklingError, EOFError, ImportError, AttributeError, TypeError, IndexError, ...
-        raise ValueError(f"corrupt message: cannot unpickle it ({type(e).__name__}: {e}); it is damaged, or holds an "
-                         "object this process cannot rebuild") from e
+    # UnpicklingError, EOFError, ImportError, AttributeError, TypeError, IndexError, ...
+    raise ValueError(f"corrupt message: cannot unpickle it ({type(e).__name__}: {e}); it is damaged, or holds an "
+                     "object this process cannot rebuild") from e

@@ -117,12 +117,22 @@ def message_from_input(data: bytes) -> bytes:
     return mutate(SEEDS[data[1] % len(SEEDS)], data[2:])
 
 
-def _pickle_region(buf: bytes) -> bytes | None:
+def _layout(buf: bytes) -> tuple[int, int, list[int]] | None:
+    """Where a message's pickle lies and its out-of-band buffers' lengths: (offset, length, lengths)."""
+    if buf[:1] == bytes([serialization._PROTO]):  # a bare pickle
+        return 0, len(buf), []
     if len(buf) < 12 or buf[:4] != serialization.MAGIC:
         return None
     n_buffers, n_pickle = struct.unpack_from("<II", buf, 4)
     off = 12 + 8 * n_buffers
-    return buf[off:off + n_pickle] if off + n_pickle <= len(buf) else None
+    if off + n_pickle > len(buf):
+        return None
+    return off, n_pickle, list(struct.unpack_from(f"<{n_buffers}Q", buf, 12))
+
+
+def _pickle_region(buf: bytes) -> bytes | None:
+    layout = _layout(buf)
+    return None if layout is None else buf[layout[0]:layout[0] + layout[1]]
 
 
 def pickle_known_finding(buf: bytes) -> str | None:
@@ -174,12 +184,14 @@ class _DtypeStateCheck(pickle._Unpickler):
 
 
 def numpy_dtype_crash(buf: bytes) -> bool:
-    region = _pickle_region(buf)
-    if region is None or b"dtype" not in region:
+    layout = _layout(buf)
+    if layout is None:
         return False
-    n_buffers = struct.unpack_from("<I", buf, 4)[0]
-    lengths = struct.unpack_from(f"<{n_buffers}Q", buf, 12)
-    off, oob = 12 + 8 * n_buffers + len(region), []
+    off, n_pickle, lengths = layout
+    region = buf[off:off + n_pickle]
+    if b"dtype" not in region:
+        return False
+    off, oob = off + n_pickle, []
     for n in lengths:
         oob.append(memoryview(bytearray(buf[off:off + n])))
         off += n

@@ -31,6 +31,8 @@ def serialization_inputs() -> list[bytes]:
         b"\x00HLM1",  # shorter than a header
         b"\x00" + head.pack(b"HLM2", 0, 1) + b"N",  # bad magic
         b"\x00" + head.pack(b"HLM1", 0, 3) + b"\x80\x05N",  # no STOP
+        b"\x00" + head.pack(b"HLM1", 0, 4) + b"\x80\x05N.",  # a pickle without buffers behind a header (valid)
+        b"\x00\x80\x05N",  # a bare pickle without STOP
         b"\x00" + head.pack(b"HLM1", 0xFFFFFFFF, 0),  # fixed: struct.error from a huge buffer count
         b"\x00" + head.pack(b"HLM1", 2, 0) + b"\0" * 8,  # fixed: struct.error, buffer lengths cut short
         b"\x00" + head.pack(b"HLM1", 1, 0xFFFFFFFF) + struct.pack("<Q", 0),
@@ -40,9 +42,11 @@ def serialization_inputs() -> list[bytes]:
     empty = bytearray(f.encode(f.seed_objects()[18]))  # torch.empty(0, 3)
     k = empty.index(b"K\x00K\x03")
     big = bytearray(empty[:k] + b"J\x00\x00\x00\x40K\x03" + empty[k + 4:])  # shape (2**30, 3): 12 GiB
-    n_buffers, n_pickle = struct.unpack_from("<II", big, 4)
-    struct.pack_into("<I", big, 8, n_pickle + 3)
-    frame = 12 + 8 * n_buffers + 2  # the pickle's FRAME opcode and its 8-byte length
+    frame = 2  # the pickle's FRAME opcode and its 8-byte length (a bare pickle: no out-of-band buffers)
+    if big[:4] == f.serialization.MAGIC:
+        n_buffers, n_pickle = struct.unpack_from("<II", big, 4)
+        struct.pack_into("<I", big, 8, n_pickle + 3)
+        frame += 12 + 8 * n_buffers
     assert big[frame] == 0x95
     struct.pack_into("<Q", big, frame + 1, struct.unpack_from("<Q", big, frame + 1)[0] + 3)
     out.append(b"\x00" + bytes(big))

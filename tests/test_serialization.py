@@ -1,0 +1,107 @@
+"""hotloop.serialization: an object without large buffers is one part, the bare pickle; large buffers still go
+out-of-band and the reader's objects point into its own copy; a failed dumps leaves the per-thread pickler clean
+and nothing is kept alive; threads pickle concurrently."""
+
+import gc
+import pickle
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+from hotloop import MessageQueue, serialization
+
+CHUNK = 1 << 17  # records of 128 KiB in a ring of 512 KiB or more: larger messages are split across records
+
+
+class Box:
+    """A picklable object a weak reference can watch."""
+
+
+def _joined(parts) -> bytearray:
+    return bytearray(b"".join(bytes(memoryview(p).cast("B")) for p in parts))
+
+
+def test_an_object_without_large_buffers_is_one_part_the_bare_pickle():
+    obj = {"step": 3, "ids": [1, 2, 3], "payload": b"x" * 64, "name": "req-1"}
+    parts, keep_alive = serialization.dumps(obj)
+    assert len(parts) == 1 and not keep_alive
+    assert bytes(parts[0]) == pickle.dumps(obj, protocol=5)
+    for buf in (parts[0], bytearray(parts[0]), memoryview(parts[0]), memoryview(bytearray(parts[0])).cast("c")):
+        assert serialization.loads(buf) == obj
+
+
+def test_a_pickle_over_64_kib_arrives_whole_through_the_queue():
+    obj = ["a" * 100_000, b"b" * 200_000, bytearray(b"c" * 70_000), list(range(20_000))]
+    parts, _ = serialization.dumps(obj)
+    assert serialization.loads(_joined(parts)) == obj
+    with MessageQueue(1, max_chunk_bytes=CHUNK) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.enqueue(obj, timeout=5)
+        assert r.dequeue(timeout=5) == obj
+        r.close()
+
+
+def test_large_buffers_go_out_of_band_and_point_into_the_readers_copy():
+    arr = np.arange(1000, dtype=np.int64)
+    obj = {"a": arr, "raw": pickle.PickleBuffer(bytearray(b"q" * 100)), "small": 7}
+    parts, _ = serialization.dumps(obj)
+    assert bytes(parts[0][:4]) == serialization.MAGIC and len(parts) == 4  # header, pickle, two buffers
+    msg = _joined(parts)
+    got = serialization.loads(msg)
+    assert np.array_equal(got["a"], arr) and bytes(got["raw"]) == b"q" * 100 and got["small"] == 7
+    start = np.frombuffer(msg, dtype=np.uint8).ctypes.data
+    assert start <= got["a"].ctypes.data < start + len(msg)  # zero-copy: the array lies in the message
+
+
+def test_a_tensor_goes_out_of_band_and_is_kept_alive_until_written():
+    torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs torch==2.13.0)")
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    parts, keep_alive = serialization.dumps({"t": t})
+    assert bytes(parts[0][:4]) == serialization.MAGIC and len(parts) == 3 and len(keep_alive) == 1
+    assert torch.equal(serialization.loads(_joined(parts))["t"], t)
+
+
+def test_a_failed_dumps_leaves_the_next_message_clean_and_keeps_nothing_alive():
+    box = Box()
+    ref = weakref.ref(box)
+    # a 200 KB chunk and an out-of-band buffer are out before the lambda fails
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        serialization.dumps([box, b"x" * 200_000, np.ones(10), lambda: 1])
+    parts, keep_alive = serialization.dumps("next")
+    assert parts == (pickle.dumps("next", protocol=5),) and not keep_alive
+    serialization.dumps([box, box])  # memoized twice: the memo must not outlive the message
+    del box
+    gc.collect()
+    assert ref() is None
+
+
+def test_corrupt_messages_raise_value_error():
+    with pytest.raises(ValueError, match="corrupt message: cannot unpickle"):
+        serialization.loads(b"\x80\x05garbage")
+    with pytest.raises(ValueError, match="corrupt message: cannot unpickle"):
+        serialization.loads(pickle.dumps(pickle.PickleBuffer(b"x" * 10), protocol=5, buffer_callback=lambda b: False))
+    with pytest.raises(ValueError, match="bad magic .* read it with dequeue_bytes"):
+        serialization.loads(b"raw message bytes")
+    with pytest.raises(ValueError, match="shorter than a message header"):
+        serialization.loads(b"")
+
+
+def test_threads_pickle_concurrently_each_with_its_own_pickler():
+    errors = []
+
+    def work(i):
+        for j in range(2000):
+            obj = {"thread": i, "j": j, "data": [i] * (j % 50), "arr": np.full(j % 3, i) if j % 7 == 0 else None}
+            parts, _ = serialization.dumps(obj)
+            got = serialization.loads(_joined(parts))
+            if got["thread"] != i or got["j"] != j or got["data"] != obj["data"]:
+                errors.append((i, j))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
