@@ -10,7 +10,7 @@ import time
 import pytest
 
 import hotloop
-from hotloop import ClosedError, DeadPeerError, MessageQueue
+from hotloop import ClosedError, DeadPeerError, MessageQueue, serialization
 
 CTX = mp.get_context("fork")
 CHUNK = (1 << 16) // 4 - 64  # a 64 KiB ring for the local reader
@@ -63,6 +63,33 @@ def test_remote_and_local_readers_get_every_message_once_in_order():
         p.join(30)
     q.close()
     assert got == {r: (digest.hexdigest(), "closed") for r in range(3)}
+
+
+def test_one_part_and_several_part_messages_reach_a_remote_reader_whole_and_in_order():
+    np = pytest.importorskip("numpy")
+    with MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1") as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.wait_until_ready(timeout=10)
+        arr = np.arange(5000, dtype=np.int32)
+        sent = [b"S", {"small": 1}, {"arr": arr}, b"", "x" * 200_000, bytes([0x80, 5]), {"arr": arr[::-1].copy()}]
+        for obj in sent[:3]:
+            q.enqueue(obj)
+        q.enqueue_bytes(sent[3])  # an empty message, and one starting like a frame kind: data, never control
+        q.enqueue(sent[4])
+        q.enqueue_bytes(sent[5])
+        q.enqueue(sent[6])
+        assert r.dequeue(timeout=5) == b"S" and r.dequeue(timeout=5) == {"small": 1}
+        assert np.array_equal(r.dequeue(timeout=5)["arr"], arr)  # header, pickle, buffer: several frames
+        assert bytes(r.dequeue_bytes(timeout=5)) == b""
+        assert r.dequeue(timeout=5) == sent[4]  # a pickle over 64 KiB: several chunks
+        assert bytes(r.dequeue_bytes(timeout=5)) == sent[5]
+        got = r.dequeue_bytes(timeout=5)
+        assert not memoryview(got).readonly  # the reader's own buffer
+        assert np.array_equal(serialization.loads(got)["arr"], arr[::-1])
+        q.shutdown()
+        with pytest.raises(ClosedError):
+            r.dequeue(timeout=5)
+        r.close()
 
 
 def test_a_remote_reader_that_does_not_read_makes_enqueue_time_out():

@@ -162,6 +162,8 @@ class MessageQueue:
         else:
             reader = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_server_key,
                                       handle.remote_client_keys[rank - handle.n_local_reader], handle.remote_hwm)
+            if policy is None:  # a network reader parks at once (see RemoteSubscriber.DEFAULT_POLICY)
+                policy = RemoteSubscriber.DEFAULT_POLICY
         self = cls.__new__(cls)
         self._setup(handle, rank, policy, reader=reader)
         return self
