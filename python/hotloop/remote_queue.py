@@ -28,8 +28,9 @@ Contract:
   reader into one buffer it owns), kind ``S`` (with an empty part) is the writer's shutdown. ``write`` looks at the
   subscriptions only when ZeroMQ says some arrived (reading ``ZMQ_EVENTS``, no exception on the common path), and
   at refused handshakes every ``REJECTION_CHECK_EVERY`` writes. ZeroMQ sends from its own thread: a message is on
-  its way when ``write`` returns, and one the writer's process is killed right after may not arrive. A lost connection (the writer's process died or the
-  network failed) raises DeadPeerError in the reader once every message received before it has been read.
+  its way when ``write`` returns, and one the writer's process is killed right after may not arrive. A lost
+  connection (the writer's process died or the network failed) raises DeadPeerError in the reader once every
+  message received before it has been read. A reader parks at once by default (``DEFAULT_POLICY``).
 """
 
 from __future__ import annotations
