@@ -1,14 +1,20 @@
-"""``hotloop bench queue``: hotloop.MessageQueue next to the transports engines use today, in one run.
+"""``hotloop bench queue``: hotloop.MessageQueue next to its floors and the transports engines use today, in one run.
 
-Every peer runs between two processes (fork) on this machine:
-(a) round trip: process A sends a message, B echoes it back, A waits; p50/p99 over many rounds after a warm-up,
-    64 B and 64 KiB, raw bytes: multiprocessing.Pipe (send_bytes), pyzmq PAIR over ipc://, faster-fifo (pickles
-    what it is given), hotloop
-    (enqueue_bytes / dequeue_bytes: the reader gets its own copy; and zero-copy views, acquire_read), plus
-    hotloop with pickled objects (enqueue / dequeue). faster-fifo and
-    vLLM's MessageQueue join the table when they import (``pip install hotloop[bench]`` installs pyzmq and
-    faster-fifo).
-(b) one-way throughput of 64 B messages from Python (the reader counts them; messages/s over the reader's time).
+Every peer runs between two processes (fork) on this machine. Every figure of (a), (b) and (r) is the median over
+``runs`` (default 5) runs that alternate between the peers (run 1 of every peer, then run 2 of every peer, ...),
+and each row is shown next to its floor from the same run, as a ratio:
+(a) round trip: process A sends a message, B echoes it back, A waits; p50/p99/p99.9 over many rounds after a
+    warm-up, 64 B and 64 KiB. hotloop's bytes path (enqueue_bytes / dequeue_bytes: the reader gets its own copy)
+    against a pure-Python shared-memory spin ring (``spin_ring.py``); hotloop's object path (enqueue / dequeue of
+    ``{"payload": bytes(n)}``) and zero-copy views (acquire_read) against the bytes path; vLLM's MessageQueue
+    (objects, when vLLM imports) against hotloop's object path; multiprocessing.Pipe (send_bytes), pyzmq PAIR
+    over ipc:// and faster-fifo (pickles what it is given) against the bytes path.
+(b) one-way throughput of 64 B messages from Python (the reader counts them; messages/s over the reader's time),
+    with the same floors.
+(r) remote: a 64 B round trip through MessageQueue with a remote reader on each side (TCP loopback, CurveZMQ)
+    against plain pyzmq PUB/SUB over the same transport, once without CURVE and once with CURVE (no ZAP handler:
+    hotloop's runs once per connection, not per message): the first ratio is what the network path costs in
+    all, the second what hotloop's own layers cost beyond the encryption.
 (c) a large tensor through the queue, 5 times (256 MiB, 64 MiB with --quick): bandwidth next to a memcpy of
     the same size in this run (the queue copies twice: into the ring, then out of it).
 (d) idle: a reader parked on an empty queue; its process CPU time over the wait.
@@ -27,17 +33,23 @@ import time
 
 import hotloop
 from hotloop import MessageQueue, WaitPolicy
-from hotloop.bench.report import Progress, fmt, summarize_us, table
+from hotloop.bench.report import Progress, fmt, median, percentile, summarize_us, table
+from hotloop.bench.spin_ring import SpinRing
 
 CTX = mp.get_context("fork")
 SMALL, LARGE = 64, 64 * 1024
+LOOPBACK = "127.0.0.1"
 
 
 # ---- transports: (make_pair, send, recv) with the same shape for every peer ---------------------------------
+# Each peer has `floor`: the name of the row it is measured against (None for a floor itself), and `objects`:
+# whether it sends Python objects ({"payload": bytes(n)}) instead of raw bytes.
 
 
 class _Hotloop:
     name = "hotloop MessageQueue (bytes)"
+    floor = "pure-Python shm spin ring"
+    objects = False
 
     def __init__(self):
         self.ab = MessageQueue(1, max_chunk_bytes=1 << 20)
@@ -59,7 +71,9 @@ class _Hotloop:
 
 
 class _HotloopObjects(_Hotloop):
-    name = "hotloop MessageQueue (pickled objects)"
+    name = "hotloop MessageQueue (objects)"
+    floor = _Hotloop.name
+    objects = True
 
     def side_b(self):
         r = MessageQueue.create_from_handle(self.ab.export_handle(), 0)
@@ -72,6 +86,7 @@ class _HotloopObjects(_Hotloop):
 
 class _HotloopView(_Hotloop):
     name = "hotloop MessageQueue (zero-copy views)"
+    floor = _Hotloop.name
 
     @staticmethod
     def _viewer(ring):
@@ -90,8 +105,29 @@ class _HotloopView(_Hotloop):
         return self.ab.enqueue_bytes, self._viewer(self.r._reader)
 
 
+class _SpinRing:
+    name = "pure-Python shm spin ring"
+    floor = None
+    objects = False
+
+    def __init__(self):
+        self.ab, self.ba = SpinRing(), SpinRing()
+
+    def side_b(self):
+        return self.ab.recv, self.ba.send
+
+    def side_a(self):
+        return self.ab.send, self.ba.recv
+
+    def close(self):
+        self.ab.close()
+        self.ba.close()
+
+
 class _Pipe:
     name = "multiprocessing.Pipe"
+    floor = _Hotloop.name
+    objects = False
 
     def __init__(self):
         self.a, self.b = CTX.Pipe()
@@ -109,6 +145,8 @@ class _Pipe:
 
 class _Zmq:
     name = "pyzmq PAIR ipc://"
+    floor = _Hotloop.name
+    objects = False
     # copying sends: zero-copy sends use a helper thread that does not survive fork
 
     def __init__(self):
@@ -142,6 +180,8 @@ class _Zmq:
 
 class _FasterFifo:
     name = "faster-fifo Queue (pickled)"
+    floor = _Hotloop.name
+    objects = False
 
     def __init__(self):
         import faster_fifo
@@ -159,6 +199,169 @@ class _FasterFifo:
         self.ba.close()
 
 
+class _AfterFork:
+    """A pair of queues made after the fork (queues with sockets or threads must not exist at a fork): A makes
+    the A->B writer and sends its handle; B attaches, makes the B->A writer and sends that handle back; then
+    both run the queue's own readiness handshake. Subclasses say how to make, attach, ready and use a queue."""
+
+    def __init__(self):
+        self.a, self.b = CTX.Pipe()
+
+    def side_b(self):
+        self.rb = self.attach(self.b.recv())
+        self.wb = self.make_writer()
+        self.b.send(self.wb.export_handle())
+        self.ready(self.rb, self.wb)
+        return self.receiver(self.rb), self.sender(self.wb)
+
+    def finish_b(self):  # the last echo may still be in a socket's send buffer: close flushes it
+        self.wb.close()
+        self.rb.close()
+
+    def side_a(self):
+        self.wa = self.make_writer()
+        self.a.send(self.wa.export_handle())
+        self.ra = self.attach(self.a.recv())
+        self.ready(self.ra, self.wa)
+        return self.sender(self.wa), self.receiver(self.ra)
+
+    def close(self):
+        self.wa.close()
+        self.ra.close()
+        self.a.close()
+        self.b.close()
+
+    @staticmethod
+    def ready(reader, writer):
+        writer.wait_until_ready(30)
+
+
+class _HotloopRemote(_AfterFork):
+    name = "hotloop MessageQueue, remote readers (TCP loopback, CURVE)"
+    floor = "pyzmq PUB/SUB (TCP loopback, no CURVE)"
+    objects = False
+
+    @staticmethod
+    def make_writer():
+        return MessageQueue(1, n_local_reader=0, connect_ip=LOOPBACK)
+
+    @staticmethod
+    def attach(handle):
+        return MessageQueue.create_from_handle(handle, 0)
+
+    @staticmethod
+    def sender(q):
+        return q.enqueue_bytes
+
+    @staticmethod
+    def receiver(q):
+        return q.dequeue_bytes
+
+
+class _VllmQueue(_AfterFork):
+    """vLLM's own MessageQueue (shared memory; its wait_until_ready is a collective: both sides call it)."""
+
+    name = "vLLM MessageQueue (objects)"
+    floor = _HotloopObjects.name
+    objects = True
+    queue_class = None  # vLLM's class; a test may put a class with the same calls here
+
+    def make_writer(self):
+        return self._class()(1, 1, max_chunk_bytes=1 << 20)
+
+    def attach(self, handle):
+        return self._class().create_from_handle(handle, 0)
+
+    def _class(self):
+        if self.queue_class is None:
+            from vllm.distributed.device_communicators.shm_broadcast import MessageQueue as queue_class
+
+            return queue_class
+        return self.queue_class
+
+    @staticmethod
+    def ready(reader, writer):
+        writer.wait_until_ready()
+        reader.wait_until_ready()
+
+    @staticmethod
+    def sender(q):
+        return q.enqueue
+
+    @staticmethod
+    def receiver(q):
+        return q.dequeue
+
+    def finish_b(self):
+        pass  # shared memory: nothing in flight; vLLM's queues are released when the child exits
+
+    def close(self):
+        self.a.close()
+        self.b.close()
+
+
+class _PubSub:
+    """Plain pyzmq PUB/SUB over TCP loopback, each side publishing to the other (the remote path's floor). XPUB
+    in place of PUB only to see the subscriber arrive before the first message; the data path is PUB's."""
+
+    name = "pyzmq PUB/SUB (TCP loopback, no CURVE)"
+    floor = None
+    objects = False
+    curve = False
+
+    def __init__(self):
+        self.a, self.b = CTX.Pipe()
+
+    def _socket_pair(self, pipe, first: bool):
+        import zmq
+
+        self.ctx = zmq.Context()  # made after the fork, terminated before this side ends
+        pub, sub = self.ctx.socket(zmq.XPUB), self.ctx.socket(zmq.SUB)
+        server_public = None
+        if self.curve:
+            server_public, secret = zmq.curve_keypair()
+            pub.curve_server, pub.curve_secretkey, pub.curve_publickey = True, secret, server_public
+        port = pub.bind_to_random_port(f"tcp://{LOOPBACK}")
+        if first:
+            pipe.send((port, server_public))
+            peer_port, peer_public = pipe.recv()
+        else:
+            peer_port, peer_public = pipe.recv()
+            pipe.send((port, server_public))
+        if self.curve:
+            sub.curve_serverkey = peer_public
+            sub.curve_publickey, sub.curve_secretkey = zmq.curve_keypair()
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://{LOOPBACK}:{peer_port}")
+        pub.recv()  # the peer's subscription: from now on nothing sent is lost
+        self.pub, self.sub = pub, sub
+        return pub.send, sub.recv
+
+    def side_b(self):
+        send, recv = self._socket_pair(self.b, first=False)
+        return recv, send
+
+    def finish_b(self):
+        self.pub.close(linger=10_000)
+        self.sub.close(linger=0)
+        self.ctx.term()
+
+    def side_a(self):
+        return self._socket_pair(self.a, first=True)
+
+    def close(self):
+        self.pub.close(linger=0)
+        self.sub.close(linger=0)
+        self.ctx.term()
+        self.a.close()
+        self.b.close()
+
+
+class _PubSubCurve(_PubSub):
+    name = "pyzmq PUB/SUB (TCP loopback, CURVE)"
+    curve = True
+
+
 def _installed(module: str) -> bool:
     import importlib.util
 
@@ -166,12 +369,19 @@ def _installed(module: str) -> bool:
 
 
 def _peers():
-    peers = [_Hotloop, _HotloopView, _HotloopObjects, _Pipe]
+    """The peers of (a) and (b), floors first."""
+    peers = [_SpinRing, _Hotloop, _HotloopObjects, _HotloopView, _Pipe]
     if _installed("zmq"):
         peers.append(_Zmq)
     if _installed("faster_fifo"):
         peers.append(_FasterFifo)
+    if _installed("vllm"):
+        peers.append(_VllmQueue)
     return peers
+
+
+def _remote_peers():
+    return [_PubSub, _PubSubCurve, _HotloopRemote]
 
 
 def _report(out, value):
@@ -195,7 +405,7 @@ def _round_trip(peer_cls, size, rounds, warmup):
     child = CTX.Process(target=_echo, args=(peer, rounds + warmup))
     child.start()
     send, recv = peer.side_a()
-    msg = bytes(size) if "objects" not in peer.name else {"payload": bytes(size)}
+    msg = {"payload": bytes(size)} if peer.objects else bytes(size)
     lat = []
     for i in range(rounds + warmup):
         t0 = time.perf_counter_ns()
@@ -205,7 +415,13 @@ def _round_trip(peer_cls, size, rounds, warmup):
             lat.append(time.perf_counter_ns() - t0)
     child.join(30)
     peer.close()
-    return summarize_us(lat)
+    return {"p50_us": percentile(lat, 50) / 1e3, "p99_us": percentile(lat, 99) / 1e3,
+            "p99.9_us": percentile(lat, 99.9) / 1e3}
+
+
+def _medians(runs: list[dict]) -> dict:
+    """The median of each figure over the runs (with the runs themselves, for the JSON)."""
+    return {**{k: median([r[k] for r in runs]) for k in runs[0]}, "runs": runs}
 
 
 # ---- (b) throughput ------------------------------------------------------------------------------------------
@@ -226,7 +442,7 @@ def _throughput(peer_cls, n):
     child = CTX.Process(target=_count, args=(peer, n, out))
     child.start()
     send, _recv = peer.side_a()
-    msg = bytes(SMALL) if "objects" not in peer.name else {"payload": bytes(SMALL)}
+    msg = {"payload": bytes(SMALL)} if peer.objects else bytes(SMALL)
     send(msg)
     for _ in range(n):
         send(msg)
@@ -353,24 +569,36 @@ def _periodic(period_s, policy_kwargs, n):
 # ---- run -----------------------------------------------------------------------------------------------------
 
 
-def run(quick: bool = False):
-    rounds, warmup = (2000, 200) if quick else (20000, 2000)
-    n_through = 50_000 if quick else 500_000
+def _ratio(x, floor):
+    return x / floor if floor else float("nan")
+
+
+def run(quick: bool = False, runs: int = 5):
+    rounds, warmup = (1000, 100) if quick else (10000, 1000)
+    remote_rounds = 300 if quick else 3000
+    n_through = 20_000 if quick else 200_000
     big = (64 if quick else 256) << 20
     idle_s = 1.0 if quick else 5.0
     periodic_n = 60 if quick else 400
     periods = (0.001, 0.005, 0.020)
-    peers = _peers()
-    progress = Progress("bench queue", 2 * len(peers) + len(peers) + 2 + len(periods) * len(POLICIES))
-    rt = {}
-    for peer in peers:
-        for size in (SMALL, LARGE):
-            progress.step(f"round trip {peer.name} {size} B")
-            rt[(peer.name, size)] = _round_trip(peer, size, rounds, warmup)
-    thr = {}
-    for peer in peers:
-        progress.step(f"throughput {peer.name}")
-        thr[peer.name] = _throughput(peer, n_through)
+    peers, remote = _peers(), _remote_peers()
+    progress = Progress("bench queue", runs * (3 * len(peers) + len(remote)) + 2 + len(periods) * len(POLICIES))
+    rt_runs = {(p.name, size): [] for p in peers for size in (SMALL, LARGE)}
+    thr_runs = {p.name: [] for p in peers}
+    remote_runs = {p.name: [] for p in remote}
+    for i in range(runs):  # alternating: every peer once per run, so drift in the machine's load hits all alike
+        for peer in peers:
+            for size in (SMALL, LARGE):
+                progress.step(f"run {i + 1}/{runs}: round trip {peer.name} {size} B")
+                rt_runs[(peer.name, size)].append(_round_trip(peer, size, rounds, warmup))
+            progress.step(f"run {i + 1}/{runs}: throughput {peer.name}")
+            thr_runs[peer.name].append({"msgs_per_s": _throughput(peer, n_through)})
+        for peer in remote:
+            progress.step(f"run {i + 1}/{runs}: remote round trip {peer.name}")
+            remote_runs[peer.name].append(_round_trip(peer, SMALL, remote_rounds, remote_rounds // 10))
+    rt = {k: _medians(v) for k, v in rt_runs.items()}
+    thr = {k: _medians(v) for k, v in thr_runs.items()}
+    rem = {k: _medians(v) for k, v in remote_runs.items()}
     progress.step("large message")
     bigr = _big_message(big)
     progress.step("idle reader")
@@ -382,21 +610,49 @@ def run(quick: bool = False):
             per[(period, pname)] = _periodic(period, kw, periodic_n)
     progress.close()
 
-    ref = rt[(_Hotloop.name, SMALL)]["p50_us"]
     rows = []
     for peer in peers:
-        s, l_ = rt[(peer.name, SMALL)], rt[(peer.name, LARGE)]
-        rows.append([peer.name, fmt(s["p50_us"]), fmt(s["p99_us"]), fmt(l_["p50_us"]), fmt(l_["p99_us"]),
-                     fmt(s["p50_us"] / ref, 2), fmt(thr[peer.name] / 1e6, 2)])
+        sm, lg, fl = rt[(peer.name, SMALL)], rt[(peer.name, LARGE)], peer.floor
+        fs = rt[(fl, SMALL)] if fl else None
+        rows.append([peer.name, sm["p50_us"], sm["p99_us"], sm["p99.9_us"], lg["p50_us"], lg["p99_us"],
+                     fl or "(a floor)", fmt(_ratio(sm["p50_us"], fs["p50_us"]), 2) if fs else "-",
+                     fmt(_ratio(sm["p99_us"], fs["p99_us"]), 2) if fs else "-",
+                     fmt(_ratio(lg["p50_us"], rt[(fl, LARGE)]["p50_us"]), 2) if fs else "-"])
+    missing = [what for what, ok in (("vLLM's MessageQueue (not importable)", _installed("vllm")),
+                                     ("faster-fifo (pip install hotloop[bench])", _installed("faster_fifo")),
+                                     ("pyzmq", _installed("zmq"))) if not ok]
+    method = (f"median of {runs} alternating runs; each run: {rounds} round trips after {warmup} warm-up")
     text = table(
-        f"(a) round trip between two processes, us ({rounds} rounds after {warmup} warm-up), (b) one-way "
-        f"throughput of 64 B messages ({n_through} messages)",
-        ["transport", "64B p50", "p99", "64KiB p50", "p99", "64B p50 vs hotloop", "M msg/s"],
+        f"(a) round trip between two processes, us ({method}); each row next to its floor, same run",
+        ["transport", "64B p50", "p99", "p99.9", "64KiB p50", "p99", "floor", "64B p50 / floor", "p99 / floor",
+         "64KiB p50 / floor"],
         rows,
-        note="Not measured: vLLM's MessageQueue (not installed)"
-        + ("" if _installed("faster_fifo") else ", faster-fifo (not installed: pip install hotloop[bench])")
-        + ("" if _installed("zmq") else ", pyzmq (not installed)") + ".",
+        note="Objects are {'payload': bytes(n)}, pickled (vLLM's queue pickles too). Goals: objects p50 <= 1.5x "
+        "and p99 <= 3x the bytes path." + (f" Not measured: {', '.join(missing)}." if missing else ""),
     )
+    trows = []
+    for peer in peers:
+        rate, fl = thr[peer.name]["msgs_per_s"], peer.floor
+        trows.append([peer.name, rate / 1e6, fl or "(a floor)",
+                      fmt(_ratio(rate, thr[fl]["msgs_per_s"]), 2) if fl else "-"])
+    text += "\n\n" + table(
+        f"(b) one-way throughput of 64 B messages ({n_through} messages; median of {runs} alternating runs)",
+        ["transport", "M msg/s", "floor", "rate / floor"], trows,
+        note="Goals: objects >= 0.6x the bytes path; bytes path >= 0.9x the spin ring.")
+    plain, curve = rem[_PubSub.name], rem[_PubSubCurve.name]
+    rrows = []
+    for peer in remote:
+        r = rem[peer.name]
+        rrows.append([peer.name, "yes" if peer in (_PubSubCurve, _HotloopRemote) else "no", r["p50_us"],
+                      r["p99_us"], r["p99.9_us"], fmt(_ratio(r["p50_us"], plain["p50_us"]), 2),
+                      fmt(_ratio(r["p50_us"], curve["p50_us"]), 2)])
+    text += "\n\n" + table(
+        f"(r) remote: 64 B round trip over TCP loopback, us (median of {runs} alternating runs of {remote_rounds} "
+        "round trips)",
+        ["transport", "CURVE", "p50", "p99", "p99.9", "p50 / PUB/SUB no CURVE", "p50 / PUB/SUB CURVE"], rrows,
+        note="hotloop: enqueue_bytes/dequeue_bytes, a remote reader on each side (authenticated CurveZMQ, "
+        "no-drop backpressure, liveness). Goal: p50 <= 1.3x plain PUB/SUB; the CURVE column says what "
+        "encryption costs by itself, the last ratio what hotloop adds beyond it.")
     text += "\n\n" + table(
         f"(c) a {bigr['bytes'] >> 20} MiB {bigr['kind']} through the queue, 5 times",
         ["first GB/s", "then (median) GB/s", "memcpy GB/s", "% of memcpy"],
@@ -423,8 +679,10 @@ def run(quick: bool = False):
         note="Goal: the adaptive/default reader within 2x of the spinning reader's p50 at <= 25 % of its CPU.",
     )
     data = {
+        "runs": runs,
         "round_trip_us": {f"{k[0]} {k[1]}B": v for k, v in rt.items()},
         "throughput_msgs_per_s": thr,
+        "remote_round_trip_us": rem,
         "large_message": bigr,
         "idle_reader_cpu_pct": idle_pct,
         "periodic": {f"{k[0] * 1e3:.0f}ms {k[1]}": v for k, v in per.items()},
