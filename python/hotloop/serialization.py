@@ -28,6 +28,7 @@ import threading
 
 MAGIC = b"HLM1"
 _PROTO = pickle.PROTO[0]  # the first byte of every pickle of protocol >= 2
+_pickle_loads = pickle.loads
 _HEAD = struct.Struct("<4sII")
 
 
@@ -83,13 +84,14 @@ class _Encoder:
     It writes into a list: the C pickler hands over its finished output buffer as one bytes object (several
     chunks only for a pickle over 64 KiB), so nothing is copied or allocated after pickling."""
 
-    __slots__ = ("chunks", "buffers", "keep_alive", "pickler", "torch_registered")
+    __slots__ = ("chunks", "buffers", "keep_alive", "pickler", "dump", "clear_memo", "torch_registered")
 
     def __init__(self):
         self.chunks = []
         self.buffers = []
         self.keep_alive = []
         self.pickler = pickle.Pickler(_ListWriter(self.chunks.append), protocol=5, buffer_callback=self._out_of_band)
+        self.dump, self.clear_memo = self.pickler.dump, self.pickler.clear_memo  # bound once: a lookup less each
         self.torch_registered = False
 
     def _out_of_band(self, pb: pickle.PickleBuffer):
@@ -129,18 +131,20 @@ def dumps(obj) -> tuple[tuple, tuple | list]:
     enc = _PER_THREAD.encoder
     if not enc.torch_registered and "torch" in _MODULES:
         enc.register_torch()
-    chunks, pickler = enc.chunks, enc.pickler
+    chunks = enc.chunks
     try:
-        pickler.dump(obj)
+        enc.dump(obj)
     except BaseException:
         chunks.clear()
         enc.buffers.clear()
         enc.keep_alive.clear()
         raise
     finally:
-        pickler.clear_memo()  # the memo would keep this message's objects alive
-    if not enc.buffers and len(chunks) == 1:  # the fast path: the pickle stream is the message
-        return (chunks.pop(),), _NOTHING_TO_KEEP
+        enc.clear_memo()  # the memo would keep this message's objects alive
+    last = chunks.pop()
+    if not chunks and not enc.buffers:  # the fast path: the pickle stream is the message
+        return (last,), _NOTHING_TO_KEEP
+    chunks.append(last)
     pickled, buffers, keep_alive = tuple(chunks), enc.buffers, enc.keep_alive
     chunks.clear()
     if not buffers:
@@ -155,14 +159,20 @@ def loads(buffer):
     """Rebuild an object from one message (any buffer-protocol object, e.g. what ShmRing.read returns).
 
     Raises ValueError ("corrupt message: ...", the unpickler's error as ``__cause__``) for a malformed message."""
-    view = buffer if type(buffer) is memoryview else memoryview(buffer)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    if view and view[0] == _PROTO:  # a bare pickle (no out-of-band buffers): the fast path, inline
+    try:  # bytes, a bytearray or a byte memoryview (what the ring returns) holding a bare pickle: the fast path
+        bare = buffer[0] == _PROTO
+    except Exception:  # empty, or not indexed by byte: the general path below sorts it out
+        bare = False
+    if bare:
         try:
-            return pickle.loads(view)
+            return _pickle_loads(buffer)
         except Exception as e:
             _raise_corrupt(e)
+    view = memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    if view and view[0] == _PROTO:  # a bare pickle in another kind of buffer
+        return _unpickle(view, None)
     if view.nbytes < _HEAD.size:
         raise ValueError(f"corrupt message: {view.nbytes} bytes is shorter than a message header")
     magic, n_buffers, n_pickle = _HEAD.unpack_from(view)
