@@ -295,7 +295,8 @@ class _VllmQueue(_AfterFork):
     def finish_b(self):
         pass  # shared memory: nothing in flight; vLLM's queues are released when the child exits
 
-    def close(self):
+    def close(self):  # vLLM's queue has no close(): dropping the writer unlinks its segment
+        self.wa = self.ra = None
         self.a.close()
         self.b.close()
 
