@@ -37,7 +37,7 @@ from hotloop._core import BadHandleError, ClosedError, DeadPeerError, QueueTimeo
 from hotloop.queue_backends import ReaderBackend, WriterBackend
 from hotloop.remote_queue import RemotePublisher, RemoteSubscriber
 
-HANDLE_VERSION = 3
+HANDLE_VERSION = 4  # 4: messages without out-of-band buffers are bare pickles; remote one-part messages one frame
 DEFAULT_RING_BYTES = 1 << 24
 
 
