@@ -65,6 +65,7 @@ class Executor(abc.ABC):
 _REGISTRY: dict[str, type[Executor] | str] = {
     "inprocess": "hotloop.engine.executors.inprocess:InProcessExecutor",
     "multiproc": "hotloop.engine.executors.multiproc:MultiprocExecutor",
+    "ray": "hotloop.engine.executors.ray:RayExecutor",  # needs the optional Ray (hotloop[ray])
 }
 
 

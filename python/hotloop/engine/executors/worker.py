@@ -26,9 +26,10 @@ def rank_device(device: str, rank: int) -> str:
 
 
 def start_rank(rank: int, world_size: int, config: ModelConfig, init_method: str, step_delay_s: float = 0.0,
-               device: str = "cpu") -> ModelRunner:
+               device: str = "cpu", backend: str | None = None) -> ModelRunner:
     """Join the ranks' process group at `init_method` (a torch.distributed URL, e.g. tcp://127.0.0.1:PORT; unused
-    when world_size is 1) and build this rank's runner."""
+    when world_size is 1) and build this rank's runner. `backend`: the torch.distributed backend when the caller
+    knows it (a Ray rank sees only its own GPU); else NCCL when every rank gets a GPU of its own, gloo otherwise."""
     own_gpus = device == "cuda"  # one GPU per rank when there are enough (NCCL cannot share one between ranks)
     device = rank_device(device, rank)
     all_reduce = None
@@ -37,8 +38,8 @@ def start_rank(rank: int, world_size: int, config: ModelConfig, init_method: str
         import torch.distributed as dist
 
         own_gpus = own_gpus and torch.cuda.device_count() >= world_size
-        dist.init_process_group("nccl" if own_gpus else "gloo", init_method=init_method, rank=rank,
-                                world_size=world_size)
+        backend = backend or ("nccl" if own_gpus else "gloo")
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
         all_reduce = dist.all_reduce
     return ModelRunner(config, rank, world_size, all_reduce, step_delay_s, device)
 

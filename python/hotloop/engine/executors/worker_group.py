@@ -29,7 +29,9 @@ SUBMIT_TIMEOUT_S = 60  # a full broadcast ring for this long means a worker stop
 
 
 class WorkerGroupExecutor(Executor):
-    def __init__(self, tp: int, device: str, n_local_reader: int | None = None):
+    def __init__(self, tp: int, device: str, n_local_reader: int | None = None, connect_ip: str | None = None):
+        """Broadcast readers below `n_local_reader` (default: all) read shared memory; the others connect to
+        `connect_ip` (this node's address as theirs reach it; see MessageQueue)."""
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp must be an int >= 1, got {tp!r}")
         self.tp = tp
@@ -40,7 +42,7 @@ class WorkerGroupExecutor(Executor):
         self._stopping = False
         self._closed = False
         self._response: MessageQueue | None = None
-        self._bcast = MessageQueue(tp, n_local_reader, max_chunk_bytes=STEP_CHUNK_BYTES)
+        self._bcast = MessageQueue(tp, n_local_reader, max_chunk_bytes=STEP_CHUNK_BYTES, connect_ip=connect_ip)
 
     def _connect(self, response_handle, timeout: float) -> None:
         """Read rank 0's answers from `response_handle` and wait until every rank reads the broadcast queue."""
