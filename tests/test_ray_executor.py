@@ -2,7 +2,7 @@
 each its own node id and resources).
 
 Ray binds the machine's interface address, so the cluster runs in a child process inside a network namespace
-that has only loopback (``unshare --net``, ``lo`` up; needs root): every Ray and hotloop socket is then on
+that has only loopback (``unshare --net``, then ``lo`` brought up; needs root): every Ray and hotloop socket is then on
 127.0.0.1, which the child reports and the tests check. One cluster serves the whole module (Ray starts slowly);
 each test sends the child a case to run (this file run as a script, ``--serve-cluster``) and checks its answer.
 The reference tokens come from the multiproc executor, in this process.
@@ -108,17 +108,42 @@ class _ClusterCases:
             left = {"actors": [a for a in watch["actors"] if actors(a)["State"] != "DEAD"],
                     "placement_group": placement_group_table(watch["pg"])["state"],
                     "processes": [p for p in watch["pids"] if os.path.exists(f"/proc/{p}")],
-                    "segments": sorted(_segments() - shm_before)}
+                    "segments": sorted(_segments(watch["pids"]) - shm_before)}
             left = {k: v for k, v in left.items() if v and v != "REMOVED"}
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.1)
 
-    def tokens(self, **options):
+    def tokens(self, join_by_address=False, **options):
+        """Serve the specs; with `join_by_address`, this process is disconnected from Ray first and the executor
+        joins the cluster by its address (then disconnects at shutdown)."""
         shm = _segments()
+        if join_by_address:
+            self.ray.shutdown()
+            options["address"] = self.cluster.address
         core, placement, watch = self._engine(**options)
         outputs, failure = _serve(core, _specs())
-        return {"outputs": outputs, "failure": failure, "leftovers": self._leftovers(watch, shm), **placement}
+        connected = self.ray.is_initialized()
+        if join_by_address:
+            self.ray.init(address=self.cluster.address)
+        return {"outputs": outputs, "failure": failure, "leftovers": self._leftovers(watch, shm),
+                "connected_after_shutdown": connected, **placement}
+
+    def bad_options(self):
+        """What each bad option raises, and whether anything was left behind."""
+        from hotloop.engine import EngineCore
+        from ray.util.placement_group import placement_group_table
+
+        errors = {}
+        shm = _segments()
+        for name, options in [("strategy", {"placement_strategy": "ANYWHERE"}),
+                              ("unplaceable", {"resources_per_rank": {"CPU": 1, "far": 5}, "start_timeout": 3})]:
+            try:
+                EngineCore("tiny", executor="ray", tp=2, executor_options=options)
+            except Exception as e:
+                errors[name] = f"{type(e).__name__}: {e}"
+        live_groups = [g for g in placement_group_table().values() if g["state"] != "REMOVED"]
+        return {"errors": errors, "live_groups": len(live_groups), "segments": sorted(_segments() - shm)}
 
     def _fail_mid_step(self, hit, **options):
         """Serve two long requests; once the first tokens are out, `hit(executor)`; return what the requests
@@ -164,12 +189,27 @@ def _raises(fn):
     return None
 
 
-def _segments() -> set:
-    return {f for f in os.listdir("/dev/shm") if f.startswith("hotloop-")}
+def _segments(pids=()) -> set:
+    """hotloop's /dev/shm segments made by this process or `pids` (the name carries its creator's pid: others
+    on this machine make their own)."""
+    mine = {str(p) for p in (os.getpid(), *pids)}
+    return {f for f in os.listdir("/dev/shm") if f.startswith("hotloop-") and f.split("-")[2] in mine}
+
+
+def _loopback_up():
+    """`ip link set lo up`, without needing iproute2 (SIOCGIFFLAGS / SIOCSIFFLAGS on a struct ifreq)."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0)))[1]
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 0x1))  # IFF_UP
 
 
 def _serve_cluster():
     """The child: run each case read from stdin (one JSON line: [name, kwargs]); answer on the result fd."""
+    _loopback_up()
     results = os.fdopen(int(os.environ[RESULT_FD_ENV]), "w")
     cases = None
     for line in sys.stdin:
@@ -193,15 +233,15 @@ def _serve_cluster():
 def _netns_problem() -> str | None:
     if importlib.util.find_spec("ray") is None:
         return "ray is not installed (pip install 'hotloop[ray]')"
-    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
-        return "the simulated cluster runs in a loopback-only network namespace: needs root, unshare and ip"
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return "the simulated cluster runs in a loopback-only network namespace: needs root and unshare"
     probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"cannot create a network namespace (unshare --net: {probe.stderr.strip()})"
     return None
 
 
-pytestmark = pytest.mark.skipif(_netns_problem() is not None, reason=str(_netns_problem()))
+needs_cluster = pytest.mark.skipif(_netns_problem() is not None, reason=str(_netns_problem()))
 
 
 class _ClusterProcess:
@@ -210,8 +250,7 @@ class _ClusterProcess:
         read, write = os.pipe()
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$0" "$1" "$2"', sys.executable,
-             os.path.abspath(__file__), SERVE_FLAG],
+            ["unshare", "--net", "--", sys.executable, os.path.abspath(__file__), SERVE_FLAG],
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(write,),
             env={**os.environ, RESULT_FD_ENV: str(write)}, start_new_session=True, text=True)
         os.close(write)
@@ -265,19 +304,30 @@ def reference():
     return json.loads(json.dumps(outputs))
 
 
+def test_without_ray_the_executor_names_the_extra_to_install():
+    code = ("import sys; sys.modules['ray'] = None\n"  # as if Ray were not installed
+            "from hotloop.engine import EngineCore\n"
+            "try:\n    EngineCore('tiny', executor='ray')\nexcept ValueError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "executor 'ray' cannot be loaded" in out.stdout and "pip install 'hotloop[ray]'" in out.stdout, out
+
+
+@needs_cluster
 def test_the_simulated_cluster_has_two_nodes_on_loopback_only(cluster):
     assert cluster.info["interfaces"] == ["lo"]  # nothing can leave this machine
     assert len(cluster.info["nodes"]) == 2 and set(cluster.info["nodes"].values()) == {"127.0.0.1"}
     assert cluster.info["driver_ip"] == "127.0.0.1"
 
 
+@needs_cluster
 @pytest.mark.parametrize("where", ["same-node", "rank1-on-second-node", "both-on-second-node"])
 def test_tp2_gives_the_multiproc_tokens_wherever_the_ranks_run(cluster, reference, where):
     options = {"same-node": {},
                "rank1-on-second-node": {"placement_strategy": "STRICT_SPREAD"},
                "both-on-second-node": {"resources_per_rank": {"CPU": 1, "far": 1}}}[where]
-    got = cluster.call("tokens", **options)
+    got = cluster.call("tokens", join_by_address=where == "both-on-second-node", **options)
     assert got["outputs"] == reference and not got["failure"]
+    assert not got["connected_after_shutdown"] if where == "both-on-second-node" else got["connected_after_shutdown"]
     assert all(reason == "length" for _, reason in reference.values())
     driver = cluster.info["driver_node"]
     nodes = [n == driver for n in got["nodes"]]
@@ -293,6 +343,17 @@ def test_tp2_gives_the_multiproc_tokens_wherever_the_ranks_run(cluster, referenc
     assert got["leftovers"] == {}
 
 
+@needs_cluster
+def test_bad_options_are_refused_and_leave_nothing(cluster):
+    got = cluster.call("bad_options")
+    assert "placement_strategy must be one of" in got["errors"]["strategy"]
+    unplaceable = got["errors"]["unplaceable"]
+    assert unplaceable.startswith("ExecutorError: Ray could not place 2 ranks of {'CPU': 1, 'far': 5}")
+    assert "'far': 10" in unplaceable and "smaller resources_per_rank" in unplaceable
+    assert got["live_groups"] == 0 and got["segments"] == []
+
+
+@needs_cluster
 def test_a_rank_killed_mid_step_fails_every_request_naming_it(cluster):
     got = cluster.call("kill_rank", rank=1, placement_strategy="STRICT_SPREAD")
     second_node = got["nodes"][1]
@@ -305,6 +366,7 @@ def test_a_rank_killed_mid_step_fails_every_request_naming_it(cluster):
     assert got["leftovers"] == {}
 
 
+@needs_cluster
 def test_removing_a_node_fails_every_request_naming_its_rank(cluster):
     got = cluster.call("remove_second_node", placement_strategy="STRICT_SPREAD")
     second_node = got["nodes"][1]
