@@ -129,6 +129,24 @@ class _ClusterCases:
         return {"outputs": outputs, "failure": failure, "leftovers": self._leftovers(watch, shm),
                 "connected_after_shutdown": connected, **placement}
 
+    def orchestrator_stage(self, **executor_options):
+        """An orchestrator LLM stage whose engine process runs executor="ray" (joining this cluster by address),
+        and the same stage in-process: the tokens each streamed."""
+        import asyncio
+
+        from hotloop.orchestrator import Orchestrator, StageSpec
+
+        async def tokens(options):
+            orch = await Orchestrator.start([StageSpec("llm", options={"model": "tiny", **options})])
+            try:
+                return [t for p in [p async for p in orch.generate("multi-node", max_tokens=12)] for t in p.tokens]
+            finally:
+                await orch.shutdown()
+
+        ray_options = {"executor": "ray", "tp": 2,
+                       "executor_options": {"address": self.cluster.address, **executor_options}}
+        return {"ray": asyncio.run(tokens(ray_options)), "inprocess": asyncio.run(tokens({}))}
+
     def bad_options(self):
         """What each bad option raises, and whether anything was left behind."""
         from hotloop.engine import EngineCore
@@ -341,6 +359,12 @@ def test_tp2_gives_the_multiproc_tokens_wherever_the_ranks_run(cluster, referenc
         assert nodes == [False, False] and got["bcast"][0] == 0 and got["response"][0] == 0
         assert got["response"][1].startswith("tcp://127.0.0.1:")
     assert got["leftovers"] == {}
+
+
+@needs_cluster
+def test_an_orchestrator_stage_runs_on_the_ray_executor(cluster):
+    got = cluster.call("orchestrator_stage", placement_strategy="STRICT_SPREAD")
+    assert len(got["ray"]) == 12 and got["ray"] == got["inprocess"]
 
 
 @needs_cluster
