@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 import traceback
 
 import pytest
+
+from hotloop.testing import netns
 
 SERVE_FLAG = "--serve-cluster"
 RESULT_FD_ENV = "HOTLOOP_RAY_TEST_RESULT_FD"
@@ -78,9 +79,7 @@ class _ClusterCases:
         self.driver_node = ray.get_runtime_context().get_node_id()
 
     def start(self):
-        import socket
-
-        return {"interfaces": [name for _, name in socket.if_nameindex()],
+        return {"interfaces": netns.interfaces(),
                 "nodes": {n["NodeID"]: n["NodeManagerAddress"] for n in self.ray.nodes() if n["Alive"]},
                 "driver_node": self.driver_node, "driver_ip": self.ray.util.get_node_ip_address()}
 
@@ -214,20 +213,9 @@ def _segments(pids=()) -> set:
     return {f for f in os.listdir("/dev/shm") if f.startswith("hotloop-") and f.split("-")[2] in mine}
 
 
-def _loopback_up():
-    """`ip link set lo up`, without needing iproute2 (SIOCGIFFLAGS / SIOCSIFFLAGS on a struct ifreq)."""
-    import fcntl
-    import socket
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        flags = struct.unpack("16sH22x", fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0)))[1]
-        fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 0x1))  # IFF_UP
-
-
 def _serve_cluster():
     """The child: run each case read from stdin (one JSON line: [name, kwargs]); answer on the result fd."""
-    _loopback_up()
+    netns.loopback_up()
     results = os.fdopen(int(os.environ[RESULT_FD_ENV]), "w")
     cases = None
     for line in sys.stdin:
@@ -248,18 +236,14 @@ def _serve_cluster():
 # ---- the tests' side ----
 
 
-def _netns_problem() -> str | None:
+def _cluster_problem() -> str | None:
     if importlib.util.find_spec("ray") is None:
         return "ray is not installed (pip install 'hotloop[ray]')"
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return "the simulated cluster runs in a loopback-only network namespace: needs root and unshare"
-    probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"cannot create a network namespace (unshare --net: {probe.stderr.strip()})"
-    return None
+    return netns.unavailable()
 
 
-needs_cluster = pytest.mark.skipif(_netns_problem() is not None, reason=str(_netns_problem()))
+CLUSTER_PROBLEM = _cluster_problem()
+needs_cluster = pytest.mark.skipif(CLUSTER_PROBLEM is not None, reason=f"simulated Ray cluster: {CLUSTER_PROBLEM}")
 
 
 class _ClusterProcess:
@@ -267,10 +251,9 @@ class _ClusterProcess:
         self.log_path = log_path
         read, write = os.pipe()
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            ["unshare", "--net", "--", sys.executable, os.path.abspath(__file__), SERVE_FLAG],
-            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(write,),
-            env={**os.environ, RESULT_FD_ENV: str(write)}, start_new_session=True, text=True)
+        self.proc = netns.start([sys.executable, os.path.abspath(__file__), SERVE_FLAG], stdin=subprocess.PIPE,
+                                stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(write,),
+                                env={**os.environ, RESULT_FD_ENV: str(write)}, text=True)
         os.close(write)
         self._results = os.fdopen(read)
 

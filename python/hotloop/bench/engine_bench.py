@@ -12,6 +12,9 @@ driven by an AsyncEngineClient with the same workloads, repeated; figures are me
 - idle: engine process CPU (its workers included) while nothing is sent;
 - CPU per token: engine + worker CPU seconds over the decode workload / tokens generated.
 
+Ray rows (``engine_ray.py``, when Ray is installed and a loopback-only network namespace can be made): tp=2 on a
+simulated two-node Ray cluster, both ranks on one node and rank 1 on the second node, next to multiproc tp=2.
+
 Method notes: TTFT is measured at the client (send -> first token received); CPU from /proc (utime + stime).
 
 Device: the engines run the model on ``device`` (``run(device=...)``; the CLI takes ``$HOTLOOP_BENCH_DEVICE``,
@@ -52,13 +55,13 @@ async def _arrivals(client, n: int):
     return {"req_per_s": n / dt, "ttft_p50_ms": percentile(ttft, 50) * 1e3, "ttft_p99_ms": percentile(ttft, 99) * 1e3}
 
 
-async def _decode(client, n: int, out_len: int, pid: int):
-    c0 = process_tree_cpu_seconds(pid)
+async def _decode(client, n: int, out_len: int, cpu):
+    c0 = sum(cpu()[0].values())
     t0 = time.perf_counter()
     res = await asyncio.gather(*(_stream(client, 32, out_len, 1000 + i) for i in range(n)))
     dt = time.perf_counter() - t0
     tokens = sum(r[2] for r in res)
-    return {"tok_per_s": tokens / dt, "cpu_ms_per_token": (process_tree_cpu_seconds(pid) - c0) * 1e3 / tokens}
+    return {"tok_per_s": tokens / dt, "cpu_ms_per_token": (sum(cpu()[0].values()) - c0) * 1e3 / tokens}
 
 
 async def _single(client, out_len: int):
@@ -86,30 +89,39 @@ async def _poisson(client, rate: float, seconds: float):
             "requests": len(res), "ttft_ms": [r[0] * 1e3 for r in res], "itl_ms": [g * 1e3 for g in gaps]}
 
 
-async def _idle(client, seconds: float, pid: int):
+async def _idle(client, seconds: float, cpu):
     await asyncio.sleep(0.2)
-    c0, t0 = process_tree_cpu_seconds(pid), time.monotonic()
+    c0, t0 = cpu(), time.monotonic()
     await asyncio.sleep(seconds)
-    return {"idle_cpu_pct": 100 * (process_tree_cpu_seconds(pid) - c0) / (time.monotonic() - t0)}
+    c1, dt = cpu(), time.monotonic() - t0
+    pct = [{k: 100 * (v - before.get(k, 0.0)) / dt for k, v in now.items()} for now, before in zip(c1, c0)]
+    return {"idle_cpu_pct": sum(pct[0].values()), "idle_cpu_pct_by_process": pct[0], "idle_cpu_pct_other": pct[1]}
 
 
-async def _one_engine(executor: str, mode: str, p: dict, progress: Progress, device: str):
+def engine_tree_cpu(pid: int):
+    """The CPU counter of an engine whose ranks are its descendants: (the engine's processes, others) -> seconds."""
+    return lambda: ({"engine and workers": process_tree_cpu_seconds(pid)}, {})
+
+
+async def _one_engine(executor: str, mode: str, p: dict, progress: Progress, device: str, cpu_of=engine_tree_cpu,
+                      **engine_kwargs):
+    """`cpu_of(engine pid)`: a function returning ({the engine's processes: CPU s}, {other processes: CPU s})."""
     from hotloop.engine.client import AsyncEngineClient
 
     client = await AsyncEngineClient.start(MODEL, executor=executor, wait_mode=mode, max_num_seqs=64,
-                                           max_tokens_per_step=256, device=device)
-    pid = client.engine_pid
+                                           max_tokens_per_step=256, device=device, **engine_kwargs)
+    cpu = cpu_of(client.engine_pid)
     try:
         await _single(client, 8)  # warm-up
         runs = []
         for rep in range(p["repeats"]):
             progress.step(f"{executor} {mode} repeat {rep + 1}")
             r = {"arrivals": await _arrivals(client, p["arrivals"]),
-                 "decode": await _decode(client, p["decode_n"], p["decode_len"], pid),
+                 "decode": await _decode(client, p["decode_n"], p["decode_len"], cpu),
                  "single": await _single(client, p["single_len"]),
                  "poisson": await _poisson(client, p["rate"], p["poisson_s"])}
             runs.append(r)
-        idle = await _idle(client, p["idle_s"], pid)
+        idle = await _idle(client, p["idle_s"], cpu)
     finally:
         await client.shutdown()
     return runs, idle
@@ -147,6 +159,20 @@ def _plot(results: dict, path: str) -> str:
     return f"latency distributions plotted to {path}"
 
 
+def _ray_note(results: dict, missing: str | None) -> str:
+    if missing:
+        return f"No ray rows: {missing}."
+    idle = {label: i for (label, _), (_, i) in results.items() if label.startswith("ray")}
+    worst = {label: max(i["idle_cpu_pct_by_process"].values()) for label, i in idle.items()}
+    daemons = {label: i["idle_cpu_pct_other"]["ray daemons"] for label, i in idle.items()}
+    return ("ray rows: tp=2 on a simulated two-node Ray cluster in a loopback-only network namespace, hotloop "
+            "mode, next to multiproc tp=2 run there, every rank with one torch thread (what Ray gives an actor of one "
+            "CPU); their CPU and idle CPU count the engine process and the rank "
+            "processes (idle CPU of the busiest one: " + ", ".join(f"{k} {fmt(v, 3)} %" for k, v in worst.items())
+            + "); Ray's own daemons apart, idle: " + ", ".join(f"{k} {fmt(v, 2)} %" for k, v in daemons.items())
+            + ".")
+
+
 def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png", device: str | None = None):
     from hotloop.engine.device import resolve_device
 
@@ -161,6 +187,11 @@ def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png",
         for mode in MODES:
             results[(executor, mode)] = asyncio.run(_one_engine(executor, mode, p, progress, device))
     progress.close()
+    from hotloop.bench import engine_ray  # imports nothing of Ray until the rows run, in their own process
+
+    ray_missing = engine_ray.unavailable(device)
+    if ray_missing is None:
+        results.update(engine_ray.results(p))
 
     rows, data = [], {}
     for (executor, mode), (runs, idle) in results.items():
@@ -177,7 +208,7 @@ def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png",
             "cpu_ms_per_token": _med(runs, "decode", "cpu_ms_per_token"),
         }
         data[f"{executor}/{mode}"] = {**{k: v[0] for k, v in m.items()}, **{k + "_spread": v[1] for k, v in m.items()},
-                                      "idle_cpu_pct": idle["idle_cpu_pct"], "device": device}
+                                      **{k: v for k, v in idle.items() if k.startswith("idle_")}, "device": device}
         rows.append([f"{executor} / {mode}", *(fmt(m[k][0], 2 if "tok" not in k else 0) for k in (
             "arrivals_req_per_s", "arrivals_ttft_p50_ms", "arrivals_ttft_p99_ms", "decode_tok_per_s",
             "single_tok_per_s", "poisson_ttft_p99_ms", "poisson_itl_p99_ms", "queue_wait_p50_us",
@@ -193,7 +224,7 @@ def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png",
         note="qwait: input thread receive -> scheduler (engine record, poisson workload). CPU: engine process and "
              "its workers. In-process steps complete through a step notifier in every mode (block: notifier.wait, "
              "GIL released; poll: done() in a Python loop; hotloop: wait_any on until(token) and the inputs). "
-             "Noise: the *_spread fields of --json give half the range over repeats.",
+             "Noise: the *_spread fields of --json give half the range over repeats. " + _ray_note(results, ray_missing),
     )
     if plot_path:
         text += "\n" + _plot(results, plot_path)
