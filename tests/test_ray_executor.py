@@ -93,7 +93,9 @@ class _ClusterCases:
         bcast, response = ex._bcast.export_handle(), ex._response.export_handle()
         placement = {"nodes": [node for node, _ in ex.nodes], "readers": ex.readers,
                      "bcast": [bcast.n_local_reader, bcast.remote_address],
-                     "response": [response.n_local_reader, response.remote_address]}
+                     "response": [response.n_local_reader, response.remote_address],
+                     "rank_niceness": [os.getpriority(os.PRIO_PROCESS, pid) for pid in ex.pids],
+                     "engine_niceness": os.getpriority(os.PRIO_PROCESS, 0)}
         watch = {"actors": [a._actor_id.hex() for a in ex._actors], "pg": ex._pg, "pids": ex.pids}
         return core, placement, watch
 
@@ -154,6 +156,7 @@ class _ClusterCases:
         errors = {}
         shm = _segments()
         for name, options in [("strategy", {"placement_strategy": "ANYWHERE"}),
+                              ("client", {"address": "ray://127.0.0.1:10001"}),
                               ("unplaceable", {"resources_per_rank": {"CPU": 1, "far": 5}, "start_timeout": 3})]:
             try:
                 EngineCore("tiny", executor="ray", tp=2, executor_options=options)
@@ -328,6 +331,7 @@ def test_tp2_gives_the_multiproc_tokens_wherever_the_ranks_run(cluster, referenc
                "both-on-second-node": {"resources_per_rank": {"CPU": 1, "far": 1}}}[where]
     got = cluster.call("tokens", join_by_address=where == "both-on-second-node", **options)
     assert got["outputs"] == reference and not got["failure"]
+    assert got["rank_niceness"] == [got["engine_niceness"]] * 2  # not Ray's 15 for workers
     assert not got["connected_after_shutdown"] if where == "both-on-second-node" else got["connected_after_shutdown"]
     assert all(reason == "length" for _, reason in reference.values())
     driver = cluster.info["driver_node"]
@@ -354,6 +358,7 @@ def test_an_orchestrator_stage_runs_on_the_ray_executor(cluster):
 def test_bad_options_are_refused_and_leave_nothing(cluster):
     got = cluster.call("bad_options")
     assert "placement_strategy must be one of" in got["errors"]["strategy"]
+    assert "Ray Client addresses (ray://...) are not supported" in got["errors"]["client"]
     unplaceable = got["errors"]["unplaceable"]
     assert unplaceable.startswith("ExecutorError: Ray could not place 2 ranks of {'CPU': 1, 'far': 5}")
     assert "'far': 10" in unplaceable and "smaller resources_per_rank" in unplaceable
