@@ -224,7 +224,8 @@ def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png",
         note="qwait: input thread receive -> scheduler (engine record, poisson workload). CPU: engine process and "
              "its workers. In-process steps complete through a step notifier in every mode (block: notifier.wait, "
              "GIL released; poll: done() in a Python loop; hotloop: wait_any on until(token) and the inputs). "
-             "Noise: the *_spread fields of --json give half the range over repeats. " + _ray_note(results, ray_missing),
+             "Noise: the *_spread fields of --json give half the range over repeats. "
+             + _ray_note(results, ray_missing),
     )
     if plot_path:
         text += "\n" + _plot(results, plot_path)
