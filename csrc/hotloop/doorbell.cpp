@@ -32,6 +32,7 @@ int Doorbell::park(uint32_t seen, int64_t deadline_ns) noexcept {
 }
 
 void Doorbell::wake_parked() noexcept {
+  rung_ns_.store(now_ns(), std::memory_order_relaxed);  // before the wake: the woken waiter reads it
   futex::wake(&seq_, INT_MAX, shared_ != 0);
   if (watchers_.load(std::memory_order_seq_cst) == 0) return;
   WatchRegistry& r = registry();

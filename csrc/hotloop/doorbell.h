@@ -14,6 +14,9 @@
 // waiters it adds one futex wake, and one eventfd write per waiter that watches the doorbell through an
 // eventfd (a waiter that also watches file descriptors sleeps in ppoll, not on the futex).
 //
+// Metrics. A ring that finds a waiter parked stamps its time (rung_ns(); it makes a system call then anyway),
+// so the woken waiter can measure ring -> running again; a ring on the fast path reads no clock.
+//
 // Placement. Trivially constructible and exactly one cache line, so it can sit inside a shared-memory
 // segment (construct with process_shared = true; the futex is then process-shared). Eventfd watchers are a
 // process-local registry: only rings from the same process reach them.
@@ -61,6 +64,8 @@ class alignas(kCacheLine) Doorbell {
   void unwatch(int eventfd) noexcept;
 
   uint32_t parked() const noexcept { return parked_.load(std::memory_order_relaxed); }
+  // CLOCK_MONOTONIC time of the last ring that found a waiter parked (0: none yet).
+  int64_t rung_ns() const noexcept { return rung_ns_.load(std::memory_order_relaxed); }
   bool process_shared() const noexcept { return shared_ != 0; }
   const std::atomic<uint32_t>* word() const noexcept { return &seq_; }
 
@@ -71,6 +76,7 @@ class alignas(kCacheLine) Doorbell {
   std::atomic<uint32_t> parked_{0};
   std::atomic<uint32_t> watchers_{0};
   uint32_t shared_;
+  std::atomic<int64_t> rung_ns_{0};
 };
 
 static_assert(sizeof(Doorbell) == kCacheLine, "a Doorbell is exactly one cache line");

@@ -6,7 +6,11 @@
 //  - descriptor-backed: fd() >= 0 names a file descriptor that is "ready" when poll(2) reports it readable
 //    (or hung up / in error, so a reader sees EOF or the error); ready() and doorbell() are then unused.
 // ready() never consumes data: wait_any only reports, the caller takes.
+// A source may also keep the time it last became ready (ready_since_ns(); a step notifier stamps each
+// completion): wait_any then measures the wake-up latency from it and hands it back (count_wake_latency).
 #pragma once
+
+#include <cstdint>
 
 #include "hotloop/doorbell.h"
 
@@ -18,6 +22,10 @@ class Source {
   virtual bool ready() const noexcept = 0;
   virtual Doorbell* doorbell() noexcept { return nullptr; }
   virtual int fd() const noexcept { return -1; }
+  // CLOCK_MONOTONIC time at which the source last became ready, or -1 if it does not keep it.
+  virtual int64_t ready_since_ns() const noexcept { return -1; }
+  // Receives the latency (ready_since_ns() -> waiter running) of a wait this source ended.
+  virtual void count_wake_latency(int64_t /*ns*/) noexcept {}
 };
 
 }  // namespace hotloop

@@ -16,6 +16,7 @@ StepCounter::StepCounter() noexcept : base_(next_base()), completed_(base_), iss
 
 void StepCounter::complete(uint64_t token) noexcept {
   // Completions arrive in order; a late duplicate must not move the counter backwards.
+  completed_ns_.store(now_ns(), std::memory_order_relaxed);  // published by the release below
   uint64_t cur = completed_.load(std::memory_order_relaxed);
   while (cur < token && !completed_.compare_exchange_weak(cur, token, std::memory_order_release)) {
   }

@@ -10,6 +10,9 @@
 // done/until/settled/error are safe from any thread. Ordering: done(n) implies done(m) for every m < n.
 // Failure: fail(n, why) completes n (waiters wake) and records the first error; done(n) then throws StepError
 // with that message for every token >= the failed one, so a failed step is never mistaken for a finished one.
+// Metrics: complete() stamps its time (one clock read per step, on the completion's own cache line), so a wait
+// on until(n) or settled() that a completion ends records completion -> waiter running in wake_latency() (in
+// any phase).
 #pragma once
 
 #include <atomic>
@@ -18,8 +21,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "hotloop/clock.h"
 #include "hotloop/errors.h"
 #include "hotloop/source.h"
+#include "hotloop/wait_metrics.h"
 
 namespace hotloop {
 
@@ -31,6 +36,8 @@ class StepCounter {
     Until(StepCounter& counter, uint64_t token) : counter_(counter), token_(token) {}
     bool ready() const noexcept override { return counter_.completed() >= token_; }
     Doorbell* doorbell() noexcept override { return &counter_.bell_; }
+    int64_t ready_since_ns() const noexcept override { return counter_.completed_at(token_); }
+    void count_wake_latency(int64_t ns) noexcept override { counter_.wake_latency_.add(ns); }
     uint64_t token() const noexcept { return token_; }
 
    private:
@@ -46,6 +53,8 @@ class StepCounter {
     explicit Settled(StepCounter& counter) : counter_(counter) {}
     bool ready() const noexcept override { return counter_.completed() >= counter_.issued(); }
     Doorbell* doorbell() noexcept override { return &counter_.bell_; }
+    int64_t ready_since_ns() const noexcept override { return counter_.completed_at(counter_.issued()); }
+    void count_wake_latency(int64_t ns) noexcept override { counter_.wake_latency_.add(ns); }
 
    private:
     StepCounter& counter_;
@@ -71,17 +80,26 @@ class StepCounter {
   // Tokens of this counter are base() + 1, base() + 2, ...
   uint64_t base() const noexcept { return base_; }
   Doorbell* doorbell() noexcept { return &bell_; }
+  // Completion -> waiter running, for waits on until(token) that a completion ended.
+  const LatencyHistogram& wake_latency() const noexcept { return wake_latency_; }
   // Throws std::invalid_argument (with what to do) unless `token` was issued by this counter.
   void check_issued(uint64_t token) const;
 
  private:
+  // When the latest completion ran, if it covers `token` (-1 otherwise): the sources' ready_since_ns().
+  int64_t completed_at(uint64_t token) const noexcept {
+    return completed() >= token ? completed_ns_.load(std::memory_order_relaxed) : -1;
+  }
+
   uint64_t base_;
   Doorbell bell_;
   alignas(kCacheLine) std::atomic<uint64_t> completed_;
+  std::atomic<int64_t> completed_ns_{0};  // when complete() last ran (same line as completed_: read with it)
   std::atomic<uint64_t> failed_at_{0};  // 0: no failure
   alignas(kCacheLine) std::atomic<uint64_t> issued_;
   mutable std::mutex error_mu_;
   std::string error_;
+  LatencyHistogram wake_latency_;
 };
 
 }  // namespace hotloop

@@ -292,15 +292,28 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   st = WaitStats{};
   SourceSet set(sources, n);
 
-  if (uint64_t mask = set.check_all()) return mask;
-  if (timeout_ns == 0) return 0;
+  if (uint64_t mask = set.check_all()) return record_wait(st), mask;
+  if (timeout_ns == 0) {
+    st.end = WaitEnd::kTimeout;
+    return record_wait(st), 0;
+  }
 
   const int64_t start = now_ns();
   const int64_t deadline = timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns;
   const WaitBudgets budgets = policy.budgets();
   const int64_t fd_check = policy.fd_check_ns();
-  auto finish = [&](uint64_t mask) {
-    if (policy.adaptive()) policy.record(now_ns() - start);
+  // Ends a wait that found `mask` ready; `now` is the time if already read (-1: not read since the last check).
+  auto finish = [&](uint64_t mask, int64_t now) {
+    for (uint64_t m = mask; m != 0; m &= m - 1) {
+      Source* s = set.src[__builtin_ctzll(m)];
+      int64_t since = s->ready_since_ns();
+      if (since < start) continue;  // keeps no time (-1), or was ready before this wait began
+      if (now < 0) now = now_ns();
+      st.wake_latency_ns = now - since;
+      s->count_wake_latency(st.wake_latency_ns);
+    }
+    if (policy.adaptive()) policy.record((now < 0 ? now_ns() : now) - start);
+    record_wait(st);
     return mask;
   };
 
@@ -309,15 +322,25 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
 
   // Spin: check the doorbell sources every iteration, the clock every 8, descriptors at a bounded rate.
   st.phase = WaitPhase::kSpin;
+  st.end = WaitEnd::kSpin;
   const int64_t spin_end = std::min(deadline, start + budgets.spin_ns);
   int64_t next_fd_check = start + fd_check;
+  int64_t t = start;  // the last clock read
   for (uint64_t i = 1; budgets.spin_ns > 0; ++i) {
-    if (uint64_t mask = set.check_bells()) return st.spins = i, finish(mask);
+    if (uint64_t mask = set.check_bells()) {
+      st.spins = i;
+      st.phase_ns[0] = uint64_t(t - start);
+      return finish(mask, -1);
+    }
     cpu_relax();
     if ((i & 7) == 0) {
-      int64_t t = now_ns();
+      t = now_ns();
       if (set.n_fds > 0 && t >= next_fd_check) {
-        if (uint64_t mask = set.check_fds()) return st.spins = i, finish(mask);
+        if (uint64_t mask = set.check_fds()) {
+          st.spins = i;
+          st.phase_ns[0] = uint64_t(t - start);
+          return finish(mask, -1);
+        }
         next_fd_check = t + fd_check;
       }
       if (t >= spin_end) {
@@ -326,24 +349,34 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
       }
     }
   }
+  st.phase_ns[0] = uint64_t(t - start);
 
   // Yield: let other threads on this core run between checks.
   st.phase = WaitPhase::kYield;
+  st.end = WaitEnd::kYield;
   const int64_t yield_end = std::min(deadline, spin_end + budgets.yield_ns);
-  for (int64_t t = now_ns(); t < yield_end; t = now_ns()) {
-    if (uint64_t mask = set.check_bells()) return finish(mask);
-    if (set.n_fds > 0 && t >= next_fd_check) {
-      if (uint64_t mask = set.check_fds()) return finish(mask);
+  t = now_ns();
+  const int64_t yield_start = t;
+  for (; t < yield_end; t = now_ns()) {
+    uint64_t mask = set.check_bells();
+    if (mask == 0 && set.n_fds > 0 && t >= next_fd_check) {
+      mask = set.check_fds();
       next_fd_check = t + fd_check;
+    }
+    if (mask != 0) {
+      st.phase_ns[1] = uint64_t(t - yield_start);
+      return finish(mask, -1);
     }
     sched_yield();
     ++st.yields;
   }
+  st.phase_ns[1] = uint64_t(t - yield_start);
 
   // Park: sleep in the kernel until a ring, a readable descriptor, the deadline or the end of a slice.
   spin_range.end();
   nvtx::Scope park_range(nvtx::Range::kPark);
   st.phase = WaitPhase::kPark;
+  st.end = WaitEnd::kPark;
   // A descriptor closed while the kernel watches it wakes nothing: parks over descriptors end at least every
   // kFdSafetyNs to re-validate them (kFdRecheckNs for sliced mixed waits, which also notice rings from other
   // processes that way). Those timer wake-ups are counted; events never wait for them.
@@ -352,17 +385,32 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   if (set.n_fds > 0) {
     safety = set.n_bells > 0 && current_backend() == ParkBackend::kSliced ? kFdRecheckNs : kFdSafetyNs;
   }
+  const int64_t park_start = t;
   for (;;) {
-    int64_t t = now_ns();
+    t = now_ns();
     if (t >= deadline) {
       policy.record(timeout_ns);
-      return set.check_all();
+      st.phase_ns[2] = uint64_t(t - park_start);
+      uint64_t mask = set.check_all();
+      if (mask == 0) st.end = WaitEnd::kTimeout;
+      record_wait(st);
+      return mask;
     }
     int64_t until = hook_slice > 0 ? std::min(deadline, t + hook_slice) : deadline;
     const bool safety_bound = safety > 0 && t + safety < until;
     if (safety_bound) until = t + safety;
     ++st.parks;
-    if (uint64_t mask = park_once(set, until, safety_bound ? &st.safety_wakeups : nullptr)) return finish(mask);
+    if (uint64_t mask = park_once(set, until, safety_bound ? &st.safety_wakeups : nullptr)) {
+      const int64_t woke = now_ns();
+      st.phase_ns[2] = uint64_t(woke - park_start);
+      // The latest ring of a ready doorbell during this park (the one that woke it, or a later one).
+      int64_t rung = 0;
+      for (int i = 0; i < set.n_bells; ++i) {
+        if (mask & (uint64_t(1) << set.bell_index[i])) rung = std::max(rung, set.bells[i]->rung_ns());
+      }
+      if (rung >= t) st.wake_latency_ns = woke - rung;
+      return finish(mask, woke);
+    }
     set.check_fds_still_open();
     if (hooks && hooks->on_slice) hooks->on_slice(hooks->ctx);
   }

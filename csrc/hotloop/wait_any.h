@@ -37,6 +37,7 @@
 #include <string>
 
 #include "hotloop/source.h"
+#include "hotloop/wait_metrics.h"
 #include "hotloop/wait_policy.h"
 
 namespace hotloop {
@@ -52,12 +53,16 @@ struct WaitHooks {
 // Where a wait ended, for benchmarks and tests.
 enum class WaitPhase : int { kImmediate = 0, kSpin = 1, kYield = 2, kPark = 3 };
 
+// What one wait did. Every wait that returns is also recorded in the process's wait metrics (wait_metrics.h).
 struct WaitStats {
-  WaitPhase phase = WaitPhase::kImmediate;
+  WaitPhase phase = WaitPhase::kImmediate;  // the phase the wait was in when it returned
+  WaitEnd end = WaitEnd::kImmediate;        // the same, with a wait that found nothing ready as kTimeout
   uint64_t spins = 0;   // spin-loop iterations
   uint64_t yields = 0;  // sched_yield calls
   uint64_t parks = 0;   // kernel sleeps
   uint64_t safety_wakeups = 0;  // parks over descriptors ended by the safety timeout, not by an event
+  uint64_t phase_ns[kTimedPhases] = {};  // time spinning, yielding, parked (see wait_metrics.h for the accuracy)
+  int64_t wake_latency_ns = -1;  // ready -> running again, where known (wait_metrics.h); -1 otherwise
 };
 
 // The longest park over descriptors: a descriptor closed while waited on is noticed after at most this long.
