@@ -73,6 +73,7 @@ struct PyShmRing {
   ShmRing::Message held;  // the message of the last read_view, until release()
   bool viewing = false;
   bool closed = false;
+  WaitMetrics metrics;  // this side's waits (read, read_view, the ring waits)
 
   ShmRing& get() {
     if (closed) throw ClosedError("queue " + ring->name() + ": this ShmRing was closed");
@@ -87,6 +88,7 @@ void write(PyShmRing& self, nb::handle parts, const nb::object& timeout, WaitPol
   if (r.try_write(buffers.data(), buffers.size())) return;  // room now: no need to let go of the GIL
   const WaitHooks* hooks = signal_hooks();
   ReleasedGil released;
+  WaitMetricsScope counted(&self.metrics);
   r.write(buffers.data(), buffers.size(), t, policy, hooks);
 }
 
@@ -103,6 +105,7 @@ nb::object read(PyShmRing& self, const nb::object& timeout, WaitPolicy& policy) 
   bool got;
   {
     ReleasedGil released;
+    WaitMetricsScope counted(&self.metrics);
     got = r.read(m, t, policy, hooks);
     if (got) {
       owned = take_owned(r, m);  // large copies run without the GIL too
@@ -124,6 +127,7 @@ nb::object read_view(PyShmRing& self, const nb::object& timeout, WaitPolicy& pol
   bool got;
   {
     ReleasedGil released;
+    WaitMetricsScope counted(&self.metrics);
     got = r.read(self.held, t, policy, hooks);
   }
   if (!got) return nb::none();
@@ -139,6 +143,7 @@ bool released_wait(PyShmRing& self, const nb::object& timeout, WaitPolicy& polic
   int64_t t = timeout_ns(timeout, "ShmRing wait");
   const WaitHooks* hooks = signal_hooks();
   ReleasedGil released;
+  WaitMetricsScope counted(&self.metrics);
   return (r.*Wait)(t, policy, hooks);
 }
 
@@ -207,6 +212,9 @@ void bind_shm_ring(nb::module_& m) {
       .def("cancel_waits", [](PyShmRing& s) { s.ring->cancel_waits(); },
            "Any thread: every wait of this ring, running or later, ends with ClosedError.")
       .def_prop_ro("closed", [](PyShmRing& s) { return s.closed; })
+      .def_prop_ro("wait_stats", [](const PyShmRing& s) { return counts_dict(s.metrics.snapshot()); },
+                   "This side's waits in read / read_view / write / the ring waits (a dict; hotloop.metrics "
+                   "describes it). A message already there when read is called takes no wait.")
       .def_prop_ro("source", [](PyShmRing& s) -> Source& { return s.get().source(); },
                    nb::rv_policy::reference_internal, "Reader: the wait_any source (ready when readable).")
       .def_prop_ro("name", [](PyShmRing& s) { return s.get().name(); })

@@ -45,6 +45,7 @@ class Waiter {
     last_phase_.store(st.phase, std::memory_order_relaxed);
     last_wake_ns_.store(woke, std::memory_order_relaxed);
     safety_wakeups_.fetch_add(st.safety_wakeups, std::memory_order_relaxed);
+    metrics_.add(st);
     return sources_.select(mask);
   }
   nb::list ready() const { return sources_.select(ready_mask(sources_.data(), sources_.size())); }
@@ -52,6 +53,7 @@ class Waiter {
   const char* last_phase() const { return phase_name(last_phase_.load(std::memory_order_relaxed)); }
   int64_t last_wake_ns() const { return last_wake_ns_.load(std::memory_order_relaxed); }
   uint64_t safety_wakeups() const { return safety_wakeups_.load(std::memory_order_relaxed); }
+  nb::dict stats() const { return counts_dict(metrics_.snapshot()); }
 
  private:
   SourceList sources_;
@@ -60,6 +62,7 @@ class Waiter {
   std::atomic<WaitPhase> last_phase_{WaitPhase::kImmediate};
   std::atomic<int64_t> last_wake_ns_{0};
   std::atomic<uint64_t> safety_wakeups_{0};
+  WaitMetrics metrics_;
 };
 
 nb::dict backend_dict(const ParkBackendInfo& info) {
@@ -170,7 +173,10 @@ void bind_wait(nb::module_& m) {
                    "time.monotonic_ns() at which the last wait's C++ part returned, before the GIL was retaken.")
       .def_prop_ro("safety_wakeups", &Waiter::safety_wakeups,
                    "How many parks over descriptors, over all of this Waiter's waits, ended by the 1 s safety "
-                   "timeout (the check for a descriptor closed while waited on) rather than by an event.");
+                   "timeout (the check for a descriptor closed while waited on) rather than by an event.")
+      .def_prop_ro("stats", &Waiter::stats,
+                   "This Waiter's waits so far: ended per phase, time per phase, wake-up latency (a dict; "
+                   "hotloop.metrics describes it).");
 
   m.def("park_backend", [] { return backend_dict(park_backend()); },
         "How a wait over doorbells and descriptors together sleeps: {'backend': 'io_uring' | 'futex_waitv helper' "

@@ -73,6 +73,11 @@ void init_main_thread();
 // Raises queue.Empty (so hotloop.InputQueue can stand in for queue.Queue).
 [[noreturn]] void raise_empty(const char* message);
 
+// Wait metrics as the dicts Python sees (bind_metrics.cpp).
+nb::dict counts_dict(const WaitCounts& c);
+nb::dict latency_dict(const LatencyHistogram& h);
+
+void bind_metrics(nb::module_& m);
 void bind_wait(nb::module_& m);
 void bind_input_queue(nb::module_& m);
 void bind_bench(nb::module_& m);

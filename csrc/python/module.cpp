@@ -21,6 +21,7 @@ NB_MODULE(_core, m) {
   // Objects alive at exit (held by daemon threads parked in a wait, or by tracebacks) are not bugs here.
   nb::set_leak_warnings(false);
   hotloop::py::init_main_thread();
+  hotloop::py::bind_metrics(m);
   hotloop::py::bind_wait(m);
   hotloop::py::bind_input_queue(m);
   hotloop::py::bind_step(m);

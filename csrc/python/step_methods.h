@@ -39,7 +39,19 @@ void add_step_methods(nb::class_<T>& cls, CounterOf counter_of, const char* name
           "How many steps were marked.")
       .def_prop_ro(
           "completed", [counter_of](T& self) { return counter_of(self).completed() - counter_of(self).base(); },
-          "How many steps are done (completed or failed), counted from the first.");
+          "How many steps are done (completed or failed), counted from the first.")
+      .def_prop_ro(
+          "stats",
+          [counter_of](T& self) {
+            StepCounter& c = counter_of(self);
+            nb::dict d;
+            d["marks"] = c.issued() - c.base();
+            d["completions"] = c.completed() - c.base();
+            d["wake_latency"] = latency_dict(c.wake_latency());
+            return d;
+          },
+          "Steps marked and completed, and completion -> waiter running latency for waits that a completion "
+          "ended (a dict; hotloop.metrics describes it).");
 }
 
 }  // namespace hotloop::py

@@ -294,6 +294,12 @@ class MessageQueue:
         """The wait_any source of a reader (wait_any accepts the queue itself)."""
         return self._reader.source
 
+    @property
+    def wait_stats(self) -> dict | None:
+        """This side's waits in the shared-memory ring (hotloop.metrics describes the dict); None for a remote
+        reader or a writer without local readers."""
+        return getattr(self._ring, "wait_stats", None)
+
     def dequeue(self, timeout: float | None = None):
         """The next object. Raises TimeoutError, ClosedError (shut down and drained), DeadPeerError (writer died)."""
         return serialization.loads(self.dequeue_bytes(timeout))

@@ -22,6 +22,10 @@ a str cannot be answered and is logged. A request whose draw fails (sampling ret
 with an error output alone. An executor failure fails every request with its message and stops the loop
 (``run`` then raises ExecutorError). ``stats.notifier_completions`` counts the steps the executor's step notifier
 completed (in-process executor; the multi-process executor's workers hold theirs).
+
+Metrics: while ``run`` serves, the loop thread's waits are counted in ``wait_metrics`` and exported by
+hotloop.metrics under ``component="engine"``, ``wait_mode`` and ``metrics_labels`` (a replica name, say); the
+in-process executor's step notifier under ``component="engine_steps"``.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ import logging
 import os
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from hotloop import metrics
 from hotloop._core import InputQueue, WaitPolicy, Waiter
 from hotloop.engine.device import resolve_device
 from hotloop.engine.executors import Executor, create_executor, executor_class
@@ -83,6 +89,8 @@ class EngineCore:
         # policy (the spin budget follows how long this loop's waits last)
         self.wait_policy = WaitPolicy(adaptive=True)
         self._waiter = None
+        self.wait_metrics = metrics.WaitMetrics()
+        self.metrics_labels: dict[str, str] = {}  # more labels for this engine's metrics (replica=...)
         self._stopping = False
         self._in_step = False
 
@@ -142,14 +150,27 @@ class EngineCore:
     def run(self) -> None:
         """Serve until a None arrives on the input queue (or the executor fails: raises ExecutorError)."""
         try:
-            while not self._stopping:
-                if not self.scheduler.has_work:
-                    self._handle(self.input_queue.get())  # idle: parked in C++, ~0 CPU
-                    self._drain_inputs()
-                    continue
-                self.step()
+            with self._metrics_registered():
+                while not self._stopping:
+                    if not self.scheduler.has_work:
+                        self._handle(self.input_queue.get())  # idle: parked in C++, ~0 CPU
+                        self._drain_inputs()
+                        continue
+                    self.step()
         finally:
             self.executor.shutdown()
+
+    @contextmanager
+    def _metrics_registered(self):
+        labels = {"wait_mode": self.wait_mode, **self.metrics_labels}
+        notifier = getattr(self.executor, "notifier", None)
+        steps = metrics.register(lambda: notifier.stats, component="engine_steps", **labels) if notifier else None
+        try:
+            with metrics.counted(self.wait_metrics, component="engine", **labels):
+                yield
+        finally:
+            if steps is not None:
+                metrics.unregister(steps)
 
     def step(self) -> None:
         """One step: schedule, launch, wait per the mode (handling inputs as the mode allows), process."""

@@ -27,7 +27,9 @@ Contract:
 - ``on_stats(stage, replica, StatsReport)`` receives stats-only batches; if it raises, the error is logged once per
   exception type (``monitor.callback_errors`` counts every one) and the batch's requests are handled as usual.
   ``monitor`` counts loop idle/active turns (not comparable across loops: the poll loop counts scans, the event
-  loop counts dispatches), the dispatch queue's high water mark, evictions, and in-flight requests per replica.
+  loop counts dispatches), the dispatch queue's high water mark, evictions, and in-flight requests and output
+  batches per replica; hotloop.metrics exports them (``component="orchestrator"``, ``loop``, ``stage``,
+  ``replica`` labels) until ``shutdown``.
 - Never hangs: if the dispatch task, the poll loop, a reader or the reconcile schedule dies of an unexpected
   exception (a bug, not a replica's death: that is an eviction), the orchestrator is broken. It is not restarted
   (its state may be inconsistent): every pending request fails at once with OrchestratorBrokenError naming the
@@ -43,6 +45,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from hotloop import metrics
 from hotloop.engine import tokenizer
 from hotloop.engine.client_core import checked_request
 from hotloop.engine.protocol import AddRequest, FinishReason
@@ -111,6 +114,7 @@ class Monitor:
     callback_errors: int = 0  # on_stats calls that raised
     finished_only_outputs: int = 0
     inflight: dict[str, int] = field(default_factory=dict)  # replica name -> requests bound to it
+    batches: dict[str, int] = field(default_factory=dict)  # replica name -> output batches received
 
 
 class Orchestrator:
@@ -133,6 +137,7 @@ class Orchestrator:
         self._closed = False
         self.broken: OrchestratorBrokenError | None = None  # set when one of its tasks died (see the contract)
         self._logged_callback_errors: set[str] = set()
+        self._metrics = metrics.register(self._metrics_series, component="orchestrator", loop=self.loop)
 
     @classmethod
     async def start(cls, stages: list[StageSpec], loop: str | None = None) -> "Orchestrator":
@@ -288,6 +293,7 @@ class Orchestrator:
     # ---- per-batch handling (both loops) ----
 
     def _handle_batch(self, stage_index: int, replica: Replica, batch: Batch) -> None:
+        self.monitor.batches[replica.name] = self.monitor.batches.get(replica.name, 0) + 1
         if batch.stats is not None:
             self.monitor.stats_batches += 1
             if self.on_stats:
@@ -476,10 +482,23 @@ class Orchestrator:
         if req is not None:
             self._end(req, Packet(request_id, finished=True, finish_reason=FinishReason.ABORT))
 
+    def _metrics_series(self) -> list:
+        """hotloop.metrics: per live replica (stage, replica labels) and for the whole orchestrator."""
+        m = self.monitor
+        out = [({"stage": st.index, "replica": r.name},
+                {"counters": {"orchestrator_batches": m.batches.get(r.name, 0)},
+                 "gauges": {"orchestrator_inflight_requests": m.inflight.get(r.name, 0)}})
+               for st in self.stages for r in st.replicas]
+        out.append(({}, {"counters": {"orchestrator_evictions": m.evictions, "orchestrator_loop_turns_active":
+                                      m.loop_active, "orchestrator_loop_turns_idle": m.loop_idle},
+                         "gauges": {"orchestrator_dispatch_queue_high_water": m.dispatch_high_water}}))
+        return out
+
     async def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
+        metrics.unregister(self._metrics)
         for req in list(self._requests.values()):
             self._end(req, error=RuntimeError(f"request {req.rid}: the orchestrator shut down"))
         loops = self._tasks[:] + list(self._readers.values())
