@@ -63,5 +63,19 @@ export HOTLOOP_NVTX_RECORDER="$root/build/cpp-release/tests/cpp/libhotloop_nvtx_
 (cd "$root/tests" && python3 -m pytest -q -rs "$root/tests")
 
 echo "== bench smoke run"
-hotloop bench --json "$root/build/bench-quick.json" --plot "$root/build/bench-engine.png" >/dev/null
+rm -rf "$root/build/bench-report"
+hotloop bench --json "$root/build/bench-quick.json" --report "$root/build/bench-report" >/dev/null
+# the report page names every benchmark and shows at least one plot for each
+python3 - "$root/build/bench-quick.json" "$root/build/bench-report" <<'PY'
+import json, os, re, sys
+record, report = json.load(open(sys.argv[1])), sys.argv[2]
+page = open(os.path.join(report, "index.html")).read()
+for name in record["results"]:
+    section = page.split(f"<h2 id='{name}'>", 1)[-1].split("<h2 ", 1)[0]
+    images = re.findall(r"<img src='([^']+)'", section)
+    missing = [i for i in images if not os.path.getsize(os.path.join(report, i))]
+    if f"<h2 id='{name}'>" not in page or not images or missing:
+        sys.exit(f"bench report {report}: benchmark {name!r} has no plot on the page (or an empty PNG: {missing})")
+print(f"bench report: {len(record['results'])} benchmarks, {page.count('<img ')} plots in {report}")
+PY
 echo "all hotloop tests passed"

@@ -1,6 +1,7 @@
-"""The ``hotloop`` command: ``hotloop bench [NAME ...] [--full] [--json PATH] [--plot PATH]``, ``hotloop info`` and ``hotloop soak``.
+"""The ``hotloop`` command: ``hotloop bench [NAME ...] [--full] [--json PATH] [--report DIR]``, ``hotloop info`` and ``hotloop soak``.
 
-``hotloop bench`` alone runs the short version of every benchmark (a few minutes); ``--full`` the long runs."""
+``hotloop bench`` alone runs the short version of every benchmark (a few minutes); ``--full`` the long runs. It
+ends by writing the report page (every table and plot; bench/report_page.py) and naming it."""
 
 from __future__ import annotations
 
@@ -72,16 +73,27 @@ def cmd_bench(args) -> int:
         return 2
     quick = not args.full
     record = {"info": info(), "quick": quick, "results": {}}
+    report = os.path.abspath(args.report) if args.report else None
+    if report:
+        os.makedirs(report, exist_ok=True)
+    engine_plot = args.plot or (os.path.join(report, "engine-latency.png") if report else None)
+    texts = {}
     for name in names:
-        kwargs = {"plot_path": args.plot} if name == "engine" else {}
+        kwargs = {"plot_path": engine_plot} if name == "engine" else {}
         data, text = BENCHMARKS[name](quick=quick, **kwargs)
         record["results"][name] = data
+        texts[name] = text
         print(f"== hotloop bench {name}{' (short run; --full for the long one)' if quick else ''} ==\n{text}\n",
               flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=2, default=float)
         print(f"wrote {args.json}")
+    if report:
+        from hotloop.bench import report_page
+
+        page, images = report_page.write(record, texts, report, {"engine": [engine_plot]} if engine_plot else None)
+        print(f"report: {page} ({len(images)} plots in {report})")
     return 0
 
 
@@ -99,8 +111,10 @@ def main(argv=None) -> int:
                    "vllm (vLLM's engine on its own queue and on hotloop's; needs hotloop[vllm])")
     b.add_argument("--full", action="store_true", help="long runs with more repeats (default: short runs)")
     b.add_argument("--quick", action="store_true", help="short runs (the default; kept for scripts)")
-    b.add_argument("--plot", metavar="PATH", default="hotloop-bench-engine.png",
-                   help="where the engine benchmark writes its latency plot (needs matplotlib)")
+    b.add_argument("--report", metavar="DIR", default="hotloop-bench-report",
+                   help="where the report page (index.html) and its plots go (default: %(default)s; '' for none)")
+    b.add_argument("--plot", metavar="PATH", default=None,
+                   help="where the engine benchmark writes its latency plot (default: inside the report directory)")
     b.add_argument("--json", metavar="PATH", help="also write the figures and the machine facts as JSON")
     b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="print what a bug report needs")
