@@ -4,8 +4,8 @@ Contract: ``write(record, texts, out_dir, extra_images)`` writes ``out_dir/index
 and returns ``(page path, [PNG paths])``. ``record`` is the JSON record of the run (``{"info", "quick",
 "results": {name: data}}``), ``texts`` each benchmark's printed tables, ``extra_images`` PNGs a benchmark drew
 itself ({name: [path]}, e.g. the engine's latency distributions). Plots are found in the data, so a benchmark
-needs no plotting code of its own: every table-like part of its results (a dict of rows whose values are
-numbers, or dicts of numbers) gets one figure, one bar chart per figure (one subplot per column, up to six),
+needs no plotting code of its own: every table-like part of its results (rows of numbers that share columns,
+or one dict of numbers; see find_tables) gets one figure of bar charts (one subplot per column, up to six),
 and rows that record where waits ended (an ``"ended"`` split, from hotloop.metrics) also get a stacked
 spin / yield / park bar. Without matplotlib the page still holds every table and says how to get the plots.
 """
@@ -43,13 +43,18 @@ def _flat_row(row: dict) -> dict | None:
 
 
 def find_tables(data, path=()) -> list[tuple[tuple, dict[str, dict]]]:
-    """The table-like parts of a benchmark's results: (path, {row name: {column: number}})."""
+    """The table-like parts of a benchmark's results: (path, {row name: {column: number}}). A table: two or more
+    records (dicts of numbers, or of dicts of numbers) that share a column; a series: a dict of numbers (one
+    column, named after it); anything else is searched inside."""
     if not isinstance(data, dict):
         return []
     rows = {k: v for k, v in data.items() if isinstance(v, dict) and k != "method"}
     flat = {k: _flat_row(v) for k, v in rows.items()}
-    if rows and all(f is not None for f in flat.values()) and any(flat.values()):
-        return [(path, {k: f for k, f in flat.items() if f})]
+    if len(rows) >= 2 and all(flat.values()) and set.intersection(*(set(f) for f in flat.values())):
+        return [(path, flat)]
+    if not rows:
+        series = {str(k): float(v) for k, v in data.items() if _number(v)}
+        return [(path, {k: {path[-1] if path else "value": v} for k, v in series.items()})] if series else []
     found = []
     for k, v in rows.items():
         found += find_tables(v, path + (str(k),))
