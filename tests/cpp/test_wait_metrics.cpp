@@ -166,6 +166,21 @@ TEST(WaitMetrics, AStepCompletionRecordsCompletionToWaiterLatency) {
   EXPECT_EQ(counter.wake_latency().sum_ns(), uint64_t(st.wake_latency_ns));
   EXPECT_EQ(scope.snapshot().latency_count(), 1u);
 
+  // The same through settled(), the source that stays the same from step to step.
+  uint64_t next = counter.mark();
+  WaitStats settled_st;
+  std::thread settled_waiter([&] {
+    StepCounter::Settled settled(counter);
+    Source* s = &settled;
+    WaitPolicy park(0, 0, false);
+    EXPECT_EQ(wait_any(&s, 1, kLong, park, nullptr, &settled_st), 1u);
+  });
+  while (counter.doorbell()->parked() == 0) std::this_thread::yield();
+  counter.complete(next);
+  settled_waiter.join();
+  EXPECT_GE(settled_st.wake_latency_ns, 0);
+  EXPECT_EQ(counter.wake_latency().count(), 2u);
+
   // A wait that starts after the completion did not wait for it: no latency.
   StepCounter::Until until = counter.until(token);
   Source* s = &until;
@@ -174,7 +189,7 @@ TEST(WaitMetrics, AStepCompletionRecordsCompletionToWaiterLatency) {
   EXPECT_EQ(wait_any(&s, 1, kLong, p, nullptr, &again), 1u);
   EXPECT_EQ(again.end, WaitEnd::kImmediate);
   EXPECT_EQ(again.wake_latency_ns, -1);
-  EXPECT_EQ(counter.wake_latency().count(), 1u);
+  EXPECT_EQ(counter.wake_latency().count(), 2u);
 }
 
 TEST(WaitMetrics, ConcurrentWaitersLoseNoCounts) {
