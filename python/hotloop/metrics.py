@@ -150,14 +150,15 @@ def wait_split(after: dict, before: dict | None = None) -> dict:
 _EXPORTED_BOUNDS = range(8, 31, 2)
 
 
-def _histogram_buckets(latency: dict) -> list[tuple[str, float]]:
+def _add_histogram(family, label_values: list[str], latency: dict) -> None:
+    """Adds a wake_latency dict to a HistogramMetricFamily: cumulative counts at the exported bounds, seconds."""
     out, cumulative, buckets = [], 0, latency["buckets"]
     for k in range(latency_buckets):
         cumulative += buckets[k]
         if k in _EXPORTED_BOUNDS:
             out.append((repr((2 ** k) / 1e9), cumulative))
     out.append(("+Inf", cumulative))
-    return out
+    family.add_metric(label_values, out, latency["sum_ns"] / 1e9)
 
 
 class PrometheusCollector:
@@ -205,7 +206,7 @@ class PrometheusCollector:
             spins.add_metric(v, s["spin_iterations"])
             parks.add_metric(v, s["parks"])
             yields.add_metric(v, s["yields"])
-            latency.add_metric(v, _histogram_buckets(s["wake_latency"]), s["wake_latency"]["sum_ns"] / 1e9)
+            _add_histogram(latency, v, s["wake_latency"])
         yield from (wakeups, seconds, spins, parks, yields, latency)
         yield from self._plain(series, values, "counters", CounterMetricFamily, names)
         yield from self._plain(series, values, "gauges", GaugeMetricFamily, names)
@@ -218,7 +219,7 @@ class PrometheusCollector:
                 v = values(labels)
                 marks.add_metric(v, s["marks"])
                 done.add_metric(v, s["completions"])
-                step_latency.add_metric(v, _histogram_buckets(s["wake_latency"]), s["wake_latency"]["sum_ns"] / 1e9)
+                _add_histogram(step_latency, v, s["wake_latency"])
             yield from (marks, done, step_latency)
 
     @staticmethod
