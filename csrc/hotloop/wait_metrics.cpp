@@ -1,5 +1,7 @@
 #include "hotloop/wait_metrics.h"
 
+#include <pthread.h>
+
 #include <mutex>
 #include <new>
 #include <vector>
@@ -17,7 +19,13 @@ struct Registry {
 };
 
 Registry& registry() {
-  static Registry* r = new Registry();  // leaked on purpose: threads may exit during static destruction
+  // Leaked on purpose: threads may exit during static destruction. Held across fork(), so a child never
+  // inherits it locked by a thread that does not exist there.
+  static Registry* r = [] {
+    auto* reg = new Registry();
+    pthread_atfork([] { registry().mu.lock(); }, [] { registry().mu.unlock(); }, [] { registry().mu.unlock(); });
+    return reg;
+  }();
   return *r;
 }
 

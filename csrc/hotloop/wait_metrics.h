@@ -12,6 +12,8 @@
 // anyway (the spin loop reads it every 8 iterations, so a wait that ends while spinning counts its spin time
 // up to its last clock read: at most 8 iterations, ~0.4 us, short).
 //
+// A forked child starts with its parent's counts (the memory is copied); take differences there too.
+//
 // Phases a wait ends in: immediate (ready at the first check), spin, yield, park, or timeout (the deadline
 // passed with nothing ready; a zero-timeout check that finds nothing counts here too).
 //
