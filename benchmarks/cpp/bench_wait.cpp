@@ -7,6 +7,8 @@
 // spin-only policy, elapsed time divided by the iterations it reports. At the end the binary prints the
 // ratios (hotloop / baseline) from the medians of --benchmark_repetitions runs. The message queue's ring is
 // judged the same way: a 64-byte message each way through two ShmRings vs the bare cache-line ping-pong.
+// BM_Wait_Immediate / BM_Wait_EndsInSpin time a whole short wait on one thread (its fixed costs, the wait
+// metrics' bookkeeping included), which a loaded machine disturbs far less than a ping-pong between cores.
 #include <benchmark/benchmark.h>
 #include <pthread.h>
 #include <sched.h>
@@ -86,6 +88,36 @@ void BM_SpinIteration_3Sources(benchmark::State& state) {
   state.counters["ns_per_iteration"] = ns / iterations;
 }
 BENCHMARK(BM_SpinIteration_3Sources)->Iterations(200)->UseRealTime();
+
+// A source that turns ready on its `after`-th check (counted from the last reset): a wait on it ends in the
+// spin phase after a fixed number of iterations, on one thread, so the cost of a whole short wait (its setup,
+// spin iterations and bookkeeping, metrics included) is measured without a second core.
+struct ReadyAfter final : Source {
+  Doorbell bell;
+  mutable uint64_t checks = 0;
+  uint64_t after = 1;
+  bool ready() const noexcept override { return ++checks >= after; }
+  Doorbell* doorbell() noexcept override { return &bell; }
+};
+
+void wait_ready_after(benchmark::State& state, uint64_t after) {
+  ReadyAfter src;
+  src.after = after;
+  Source* s = &src;
+  WaitPolicy p;
+  for (auto _ : state) {
+    src.checks = 0;
+    benchmark::DoNotOptimize(wait_any(&s, 1, 10'000'000'000, p));
+  }
+}
+
+// Ready at the first check: the wait returns at once.
+void BM_Wait_Immediate(benchmark::State& state) { wait_ready_after(state, 1); }
+BENCHMARK(BM_Wait_Immediate);
+
+// Ready at the fourth check: the wait starts its clock and spins three iterations.
+void BM_Wait_EndsInSpin(benchmark::State& state) { wait_ready_after(state, 4); }
+BENCHMARK(BM_Wait_EndsInSpin);
 
 void BM_ReadyCheck_3Sources(benchmark::State& state) {
   Flag flag;

@@ -7,7 +7,8 @@
 //    (or hung up / in error, so a reader sees EOF or the error); ready() and doorbell() are then unused.
 // ready() never consumes data: wait_any only reports, the caller takes.
 // A source may also keep the time it last became ready (ready_since_ns(); a step notifier stamps each
-// completion): wait_any then measures the wake-up latency from it and hands it back (count_wake_latency).
+// completion): it says so at construction (Source(true)), and wait_any then measures the wake-up latency from
+// that time and hands it back (count_wake_latency). Other sources cost a wait one member read for it.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@ namespace hotloop {
 
 class Source {
  public:
+  explicit Source(bool keeps_ready_time = false) noexcept : keeps_ready_time_(keeps_ready_time) {}
   virtual ~Source() = default;
   virtual bool ready() const noexcept = 0;
   virtual Doorbell* doorbell() noexcept { return nullptr; }
@@ -26,6 +28,10 @@ class Source {
   virtual int64_t ready_since_ns() const noexcept { return -1; }
   // Receives the latency (ready_since_ns() -> waiter running) of a wait this source ended.
   virtual void count_wake_latency(int64_t /*ns*/) noexcept {}
+  bool keeps_ready_time() const noexcept { return keeps_ready_time_; }
+
+ private:
+  bool keeps_ready_time_;
 };
 
 }  // namespace hotloop

@@ -33,7 +33,7 @@ class StepCounter {
   // A wait_any source that is ready once step `token` is done (or failed).
   class Until final : public Source {
    public:
-    Until(StepCounter& counter, uint64_t token) : counter_(counter), token_(token) {}
+    Until(StepCounter& counter, uint64_t token) : Source(true), counter_(counter), token_(token) {}
     bool ready() const noexcept override { return counter_.completed() >= token_; }
     Doorbell* doorbell() noexcept override { return &counter_.bell_; }
     int64_t ready_since_ns() const noexcept override { return counter_.completed_at(token_); }
@@ -50,7 +50,7 @@ class StepCounter {
   // step in flight at a time it is ready exactly when that step is done.
   class Settled final : public Source {
    public:
-    explicit Settled(StepCounter& counter) : counter_(counter) {}
+    explicit Settled(StepCounter& counter) : Source(true), counter_(counter) {}
     bool ready() const noexcept override { return counter_.completed() >= counter_.issued(); }
     Doorbell* doorbell() noexcept override { return &counter_.bell_; }
     int64_t ready_since_ns() const noexcept override { return counter_.completed_at(counter_.issued()); }

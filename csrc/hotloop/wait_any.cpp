@@ -292,10 +292,10 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   st = WaitStats{};
   SourceSet set(sources, n);
 
-  if (uint64_t mask = set.check_all()) return record_wait(st), mask;
+  if (uint64_t mask = set.check_all()) return record_wait_end(WaitEnd::kImmediate), mask;
   if (timeout_ns == 0) {
     st.end = WaitEnd::kTimeout;
-    return record_wait(st), 0;
+    return record_wait_end(WaitEnd::kTimeout), 0;
   }
 
   const int64_t start = now_ns();
@@ -306,6 +306,7 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   auto finish = [&](uint64_t mask, int64_t now) {
     for (uint64_t m = mask; m != 0; m &= m - 1) {
       Source* s = set.src[__builtin_ctzll(m)];
+      if (!s->keeps_ready_time()) continue;
       int64_t since = s->ready_since_ns();
       if (since < start) continue;  // keeps no time (-1), or was ready before this wait began
       if (now < 0) now = now_ns();

@@ -70,10 +70,12 @@ WaitMetrics* make_block() noexcept {
   return b;
 }
 
+// Adds v (most fields of most waits are 0: an immediate wait touches one counter).
 template <bool kShared>
 inline void bump(std::atomic<uint64_t>& a, uint64_t v) noexcept {
+  if (v == 0) return;
   if constexpr (kShared) {
-    if (v != 0) a.fetch_add(v, std::memory_order_relaxed);
+    a.fetch_add(v, std::memory_order_relaxed);
   } else {
     a.store(a.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
   }
@@ -167,9 +169,14 @@ WaitCounts process_wait_metrics() {
 
 void record_wait(const WaitStats& st) noexcept {
   WaitMetrics* b = t_block;
-  if (b == nullptr && (b = make_block()) == nullptr) return;
-  b->add_single_writer(st);
+  if (b != nullptr || (b = make_block()) != nullptr) b->add_single_writer(st);
   if (WaitMetrics* m = t_scope) m->add(st);
+}
+
+void record_wait_end(WaitEnd e) noexcept {
+  WaitMetrics* b = t_block;
+  if (b != nullptr || (b = make_block()) != nullptr) b->add_end_single_writer(e);
+  if (WaitMetrics* m = t_scope) m->add_end(e);
 }
 
 }  // namespace hotloop

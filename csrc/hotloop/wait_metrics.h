@@ -97,6 +97,11 @@ class WaitMetrics {
   void add(const WaitStats& st) noexcept;
   // The same, for metrics that only the calling thread writes (plain load + store: no locked instruction).
   void add_single_writer(const WaitStats& st) noexcept;
+  // A wait that did nothing but end (immediate, or a zero-timeout check that found nothing): one counter.
+  void add_end(WaitEnd e) noexcept { ended_[int(e)].fetch_add(1, std::memory_order_relaxed); }
+  void add_end_single_writer(WaitEnd e) noexcept {
+    ended_[int(e)].store(ended_[int(e)].load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
   WaitCounts snapshot() const noexcept;
 
  private:
@@ -132,7 +137,9 @@ class WaitMetricsScope {
 // take differences).
 WaitCounts process_wait_metrics();
 
-// Called by wait_any at the end of each wait that returns.
+// Called by wait_any at the end of each wait that returns; record_wait_end for a wait that only ended (the
+// immediate path, kept to one counter).
 void record_wait(const WaitStats& st) noexcept;
+void record_wait_end(WaitEnd e) noexcept;
 
 }  // namespace hotloop
