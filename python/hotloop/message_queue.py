@@ -296,9 +296,9 @@ class MessageQueue:
 
     @property
     def wait_stats(self) -> dict | None:
-        """This side's waits in the shared-memory ring (hotloop.metrics describes the dict); None for a remote
-        reader or a writer without local readers."""
-        return getattr(self._ring, "wait_stats", None)
+        """This side's waits in the shared-memory ring (hotloop.metrics describes the dict): a local reader's, or
+        the writer's (waits for space); None for a network reader or a writer without local readers."""
+        return getattr(self._reader if self._reader is not None else self._local, "wait_stats", None)
 
     def dequeue(self, timeout: float | None = None):
         """The next object. Raises TimeoutError, ClosedError (shut down and drained), DeadPeerError (writer died)."""
