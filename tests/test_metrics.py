@@ -6,6 +6,7 @@ import gc
 import threading
 
 import pytest
+from conftest import wait_until
 
 import hotloop
 from hotloop import metrics
@@ -29,16 +30,17 @@ def test_waiter_stats_count_each_wait_once_in_the_phase_it_ended():
     assert w.wait(timeout=5) == [flag]
     assert w.stats["waits"]["immediate"] == 1
     flag.clear()
-    setter = threading.Timer(0.05, flag.set)
-    setter.start()
-    assert w.wait(timeout=30) == [flag]
-    setter.join()
-    phase = w.last_phase  # park, unless this thread was descheduled past the set (then immediate)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(w.wait(timeout=30)))
+    waiter.start()
+    wait_until(lambda: flag.parked, what="the waiter parking")
+    flag.set()
+    waiter.join()
+    assert got == [[flag]] and w.last_phase == "park"
     stats = w.stats
-    assert _total(stats) == 4
-    assert stats["waits"][phase] == (2 if phase == "immediate" else 1)
-    if phase == "park":  # the set rang a parked waiter: its latency was measured
-        assert stats["wake_latency"]["count"] == 1 and stats["wake_latency"]["sum_ns"] > 0
+    assert _total(stats) == 4 and stats["waits"]["park"] == 1
+    # The set rang a parked waiter: it stamped the ring, and the waiter measured ring -> running.
+    assert stats["wake_latency"]["count"] == 1 and stats["wake_latency"]["sum_ns"] > 0
     split = metrics.wait_split(stats)
     assert split["waits"] == 4 and abs(sum(split[p] for p in metrics.WAIT_ENDS) - 1.0) < 1e-9
 
@@ -65,20 +67,23 @@ def test_step_notifier_stats_count_marks_completions_and_completion_to_waiter_la
     n = hotloop.HostStepNotifier()
     a, b = n.mark(), n.mark()
     assert n.stats["marks"] == 2 and n.stats["completions"] == 0
-    w = hotloop.Waiter([n.until(b)], hotloop.WaitPolicy(spin_us=0, yield_us=0))
+    until = n.until(b)
+    w = hotloop.Waiter([until], hotloop.WaitPolicy(spin_us=0, yield_us=0))
     n.complete(a)
-    done = threading.Timer(0.05, n.complete, args=(b,))
-    done.start()
-    assert w.wait(timeout=30)
-    done.join()
-    assert n.stats["completions"] == 2
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(w.wait(timeout=30)))
+    waiter.start()
+    wait_until(lambda: until.parked, what="the waiter parking")
+    n.complete(b)
+    waiter.join()
+    assert got == [[until]] and n.stats["completions"] == 2
+    # The wait was under way when the step completed: completion -> running was measured, once.
     latency = n.stats["wake_latency"]
-    # A wait that was under way when the step completed measures completion -> running; one that started
-    # after it (this thread descheduled for 50 ms) does not.
-    assert latency["count"] == (0 if w.last_phase == "immediate" else 1)
-    assert w.stats["wake_latency"]["count"] == latency["count"]
-    if latency["count"]:
-        assert metrics.latency_quantile(latency, 0.5) > 0
+    assert latency["count"] == 1 and w.stats["wake_latency"]["count"] == 1
+    assert metrics.latency_quantile(latency, 0.5) > 0
+    # A wait that starts after the completion did not wait for it.
+    assert hotloop.Waiter([until]).wait(timeout=0) == [until]
+    assert n.stats["wake_latency"]["count"] == 1
 
 
 def test_queue_reader_stats_count_its_waits():
@@ -201,6 +206,7 @@ def test_prometheus_scrape_of_a_running_engine_moves_under_load_and_stays_still_
             return ({p: _sum(registry, "hotloop_wait_wakeups_total", phase=p, **engine) for p in metrics.WAIT_ENDS},
                     {p: _sum(registry, "hotloop_wait_phase_seconds_total", phase=p, **engine) for p in metrics.PHASES})
 
+        wait_until(lambda: core.input_queue.parked, what="the engine loop parking")
         idle, idle_seconds = scrape()
         threading.Event().wait(0.5)  # idle time, not a poll: the scrape after it must read the same
         assert scrape() == (idle, idle_seconds)
