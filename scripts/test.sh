@@ -4,7 +4,7 @@
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer;
 #   3. the Python package (pip install .) and its pytest suite, in build/venv unless a virtual environment is
 #      active already;
-#   4. a smoke run of `hotloop bench --quick`.
+#   4. a smoke run of `hotloop bench` (short runs, the default).
 # Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."

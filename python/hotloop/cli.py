@@ -110,7 +110,6 @@ def main(argv=None) -> int:
     b.add_argument("names", nargs="*", help="which benchmarks (default: all but vllm): wait, queue, notifier, engine, orchestrator, "
                    "vllm (vLLM's engine on its own queue and on hotloop's; needs hotloop[vllm])")
     b.add_argument("--full", action="store_true", help="long runs with more repeats (default: short runs)")
-    b.add_argument("--quick", action="store_true", help="short runs (the default; kept for scripts)")
     b.add_argument("--report", metavar="DIR", default="hotloop-bench-report",
                    help="where the report page (index.html) and its plots go (default: %(default)s; '' for none)")
     b.add_argument("--plot", metavar="PATH", default=None,

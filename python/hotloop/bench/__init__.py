@@ -1,6 +1,6 @@
 """hotloop's Python benchmarks: each runs the baseline it replaces in the same run and reports the ratio.
 
-Run them with ``hotloop bench [NAME ...] [--quick] [--json PATH]``; ``BENCHMARKS`` maps names to runners.
+Run them with ``hotloop bench [NAME ...] [--full] [--json PATH]``; ``BENCHMARKS`` maps names to runners.
 """
 
 from hotloop.bench import engine_bench, notifier_bench, orchestrator_bench, queue_bench, wait_bench

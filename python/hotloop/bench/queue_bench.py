@@ -15,7 +15,7 @@ and each row is shown next to its floor from the same run, as a ratio:
     against plain pyzmq PUB/SUB over the same transport, once without CURVE and once with CURVE (no ZAP handler:
     hotloop's runs once per connection, not per message): the first ratio is what the network path costs in
     all, the second what hotloop's own layers cost beyond the encryption.
-(c) a large tensor through the queue, 5 times (256 MiB, 64 MiB with --quick): bandwidth next to a memcpy of
+(c) a large tensor through the queue, 5 times (64 MiB; 256 MiB with --full): bandwidth next to a memcpy of
     the same size in this run (the queue copies twice: into the ring, then out of it).
 (d) idle: a reader parked on an empty queue; its process CPU time over the wait.
 (e) periodic traffic (a message every 1, 5, 20 ms with +-20 % jitter): delivery latency (timestamp in the
