@@ -203,6 +203,7 @@ def TestOneInput(data: bytes) -> None:
                 writer.close()
         what = f"handle {handle!r}, rank {rank!r}, outcome {outcome!r}"
         in_subscriber = _raised_in_remote_subscriber(outcome)
+        outcome_none = outcome is None
         outcome = None  # drop the exception (and the frames it holds) before counting what is left
         # Threads and descriptors may take a moment to go (the writer's side of a closed TCP connection, say):
         # up to 3 s on a loaded machine (0.1 s after F5, which leaves them for good).
@@ -216,6 +217,13 @@ def TestOneInput(data: bytes) -> None:
         else:
             global _f5_seen
             segments_left = not set(now[3]) <= set(before[3])
+            if not segments_left and remote and not in_subscriber and outcome_none:
+                # F6 (README): after a reader of the long-lived TCP writer attached and closed, the process sometimes
+                # keeps one more OS thread and five more descriptors for good; counts are not trusted after it
+                _f5_seen = True
+                _common.known(f"F6 a remote reader that attached and closed left (threads, OS threads, fds): "
+                              f"{now[:3]}, before {before[:3]}; {what}")
+                return
             if segments_left or not (in_subscriber or _f5_seen):
                 raise _common.Finding(f"left behind (threads, OS threads, fds, segments): {now}, before {before}; "
                                       f"{what}")
