@@ -80,6 +80,8 @@ def cmd_bench(args) -> int:
     texts = {}
     for name in names:
         kwargs = {"plot_path": engine_plot} if name == "engine" else {}
+        if name == "vllm":
+            kwargs = {"rounds": args.rounds, "plot_path": os.path.join(report, "vllm.png") if report else None}
         data, text = BENCHMARKS[name](quick=quick, **kwargs)
         record["results"][name] = data
         texts[name] = text
@@ -114,6 +116,8 @@ def main(argv=None) -> int:
                    help="where the report page (index.html) and its plots go (default: %(default)s; '' for none)")
     b.add_argument("--plot", metavar="PATH", default=None,
                    help="where the engine benchmark writes its latency plot (default: inside the report directory)")
+    b.add_argument("--rounds", type=int, default=None,
+                   help="rounds of the vllm benchmark, arms alternating (default 1; 5 with --full)")
     b.add_argument("--json", metavar="PATH", help="also write the figures and the machine facts as JSON")
     b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="print what a bug report needs")

@@ -1,28 +1,34 @@
-"""``hotloop bench vllm``: vLLM's own engine (offline ``LLM.generate``, MultiprocExecutor) on vLLM's MessageQueue
-and on hotloop's, in the same run, same process layout.
+"""``hotloop bench vllm``: vLLM's own engine (MultiprocExecutor) on vLLM's MessageQueue and on hotloop's, in the
+same run, same process layout: offline ``LLM.generate`` bursts and an online run through ``AsyncLLM``.
 
-Method: each (tensor parallel size, arm) gets a fresh driver process (``python -m hotloop.bench.vllm_bench
---driver``) that builds ``vllm.LLM`` on a tiny random Llama model built locally (``hotloop.vllm.tiny_model``);
-the arm "vllm" runs with ``HOTLOOP_VLLM=0``, the arm "hotloop" with ``HOTLOOP_VLLM=1`` (the plugin replaces the
-queue in the engine core and every worker; the driver checks that it did). Arms alternate (their order flips
-each round) and every round starts fresh engines. In each engine: one warm-up burst, then ``bursts`` bursts of
-batch 1 and of batch 16 (64 output tokens each, greedy, ``ignore_eos``); per burst: output tokens / wall time
-(tok/s) and CPU seconds of the whole process tree (the driver, the engine core, the workers: utime + stime of
-every descendant, from /proc/<pid>/stat) per 1000 output tokens. After the last burst the tree's CPU is read
-over the first 3 s and over 5-8 s (percent of one core). Greedy token ids must be identical across arms, rounds
-and layouts (asserted). The table shows medians over rounds and the spread (half the range).
+Method: each engine runs in a fresh driver process (``python -m hotloop.bench.vllm_bench --driver`` or
+``--online-driver``) on a tiny random Llama model built locally (``hotloop.vllm.tiny_model``); the arm "vllm" runs
+with ``HOTLOOP_VLLM=0``, the arm "hotloop" with ``HOTLOOP_VLLM=1`` (the plugin replaces the queue in the engine core
+and every worker; the driver asks each worker which class it runs and the bench checks it). A round runs every
+engine of both arms back to back, arms alternating (the order flips each round); the table shows the median and
+the min-max over rounds of each figure, and the ratio hotloop / vLLM computed within each round (its median and
+min-max), so a machine that slows down between rounds moves both arms.
+
+Offline (TP=1 and TP=2): one warm-up burst, then ``bursts`` bursts of batch 1 and of batch 16 (64 output tokens
+each, greedy, ``ignore_eos``); per burst, output tokens / wall time (tok/s) and CPU seconds of the whole process
+tree (the driver, the engine core, the workers: utime + stime of every descendant, from /proc/<pid>/stat) per 1000
+output tokens. After the last burst the tree's CPU is read over the first 3 s and over 5-8 s (percent of one core;
+summed over every thread's schedstat run time, which is exact where tick-sampled utime + stime is not). Greedy token
+ids must be identical across arms, rounds and layouts (asserted).
+
+Online (the largest TP): ``AsyncLLM`` streaming, one warm-up request, then a seeded Poisson process of requests
+(32 output tokens each, greedy): time to first token and inter-token latency (gaps between streamed outputs) p50
+/ p99, output tokens / (first arrival to last completion), and the tree's CPU seconds per 1000 tokens.
 
 On this machine (few cores) TP=2 binds the workers' OpenMP threads one core each (``VLLM_CPU_OMP_THREADS_BIND``
 "0|1"), TP=1 to core 0; the KV cache is 1 GiB (``VLLM_CPU_KVCACHE_SPACE``).
-
-``--online`` adds a run through vLLM's async engine (``AsyncLLM``) with Poisson arrivals: TTFT and inter-token
-latency p50 / p99 per arm.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -63,6 +69,19 @@ def tree(root: int) -> dict[int, str]:
             continue
         stack.extend(c for c, pp in parent.items() if pp == pid)
     return found
+
+
+def tree_run_seconds(root: int) -> float:
+    """CPU time of every thread of `root` and its live descendants, in seconds, from /proc/<pid>/task/<tid>/schedstat
+    (nanoseconds the scheduler accounted; utime + stime are sampled at the clock tick, which over a few seconds
+    of near-idle charges a whole 10 ms tick to a thread that ran microseconds when the tick hit it)."""
+    total = 0
+    for pid in tree(root):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+    return total / 1e9
 
 
 # ---- the driver (one engine, one arm) ----
@@ -108,17 +127,20 @@ def _driver(args) -> int:
     return 0
 
 
+def _env(tp: int, arm: str) -> dict:
+    """The environment of a driver process of `arm` at tensor parallel size `tp`."""
+    return dict(os.environ, HOTLOOP_VLLM="1" if arm == "hotloop" else "0", VLLM_CPU_KVCACHE_SPACE="1",
+                VLLM_CPU_OMP_THREADS_BIND=BIND.get(tp, "auto"), TOKENIZERS_PARALLELISM="false",
+                VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+                # lets the driver ask each worker which queue class it runs (a function sent by collective_rpc)
+                VLLM_ALLOW_INSECURE_SERIALIZATION="1")
+
+
 class Driver:
     """The bench side of a driver process: start, send bursts, read results, stop."""
 
     def __init__(self, tp: int, arm: str, model: str, env_extra: dict | None = None):
-        env = dict(os.environ)
-        env.update(HOTLOOP_VLLM="1" if arm == "hotloop" else "0", VLLM_CPU_KVCACHE_SPACE="1",
-                   VLLM_CPU_OMP_THREADS_BIND=BIND.get(tp, "auto"), TOKENIZERS_PARALLELISM="false",
-                   VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-                   # lets the driver ask each worker which queue class it runs (a function sent by collective_rpc)
-                   VLLM_ALLOW_INSECURE_SERIALIZATION="1")
-        env.update(env_extra or {})
+        env = {**_env(tp, arm), **(env_extra or {})}
         self.tp, self.arm = tp, arm
         self.log = open(os.devnull, "w") if not os.environ.get("HOTLOOP_BENCH_VERBOSE") else None
         self.proc = subprocess.Popen([sys.executable, "-m", "hotloop.bench.vllm_bench", "--driver", "--tp", str(tp),
@@ -155,9 +177,9 @@ class Driver:
         res = []
         for start, end in windows:
             time.sleep(max(0.0, t0 + start - time.monotonic()))
-            c0, w0 = process_tree_cpu_seconds(self.pid), time.monotonic()
+            c0, w0 = tree_run_seconds(self.pid), time.monotonic()
             time.sleep(max(0.0, t0 + end - time.monotonic()))
-            res.append(100.0 * (process_tree_cpu_seconds(self.pid) - c0) / (time.monotonic() - w0))
+            res.append(100.0 * (tree_run_seconds(self.pid) - c0) / (time.monotonic() - w0))
         return res
 
     def close(self) -> dict[int, str]:
@@ -199,10 +221,7 @@ class Driver:
 def _one_engine(tp: int, arm: str, model: str, bursts: int) -> dict:
     d = Driver(tp, arm, model)
     try:
-        want = "hotloop.vllm.message_queue.MessageQueue" if arm == "hotloop" else \
-            "vllm.distributed.device_communicators.shm_broadcast.MessageQueue"
-        if d.queue_class != [want]:
-            raise RuntimeError(f"arm {arm}: the workers use {d.queue_class}, expected {want}")
+        _check_queue_class(arm, d.queue_class)
         d.generate(BATCHES[-1])  # warm-up
         res = {}
         for batch in BATCHES:
@@ -217,11 +236,45 @@ def _one_engine(tp: int, arm: str, model: str, bursts: int) -> dict:
         d.close()
 
 
-def _spread(xs):
-    return (max(xs) - min(xs)) / 2 if xs else math.nan
+def _check_queue_class(arm: str, found: list[str]) -> None:
+    want = "hotloop.vllm.message_queue.MessageQueue" if arm == "hotloop" else \
+        "vllm.distributed.device_communicators.shm_broadcast.MessageQueue"
+    if found != [want]:
+        raise RuntimeError(f"arm {arm}: the workers use {found}, expected {want}")
 
 
-def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), online: bool = False, seed: int = 0):
+def _stats(xs: list[float]) -> dict:
+    """median, min, max of one figure over the rounds."""
+    return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def _ratios(hot: list[float], own: list[float]) -> dict:
+    """hotloop / vLLM per round (the arms of a round ran back to back), summarized as _stats."""
+    return _stats([h / o if o else math.nan for h, o in zip(hot, own)])
+
+
+def _cell(st: dict, digits: int) -> str:
+    return f"{fmt(st['median'], digits)} ({fmt(st['min'], digits)}-{fmt(st['max'], digits)})"
+
+
+def _summarize(per_arm: dict[str, list[dict]], keys: dict[str, int]) -> tuple[dict, list[list[str]]]:
+    """per_arm: arm -> one dict of figures per round. Returns the record (per arm, and the ratio) and the table
+    rows for `keys` (figure -> digits)."""
+    rec = {arm: {k: _stats([r[k] for r in runs]) for k in keys} for arm, runs in per_arm.items()}
+    rec["ratio"] = {k: _ratios([r[k] for r in per_arm["hotloop"]], [r[k] for r in per_arm["vllm"]]) for k in keys}
+    rows = [[arm] + [_cell(rec[arm][k], d) for k, d in keys.items()] for arm in ARMS]
+    rows.append(["hotloop/vLLM"] + [_cell(rec["ratio"][k], 2) for k in keys])
+    return rec, rows
+
+
+def _above(rec: dict, key: str) -> bool:
+    """hotloop's median above vLLM's by more than the spread (the larger half-range of the two arms)."""
+    spread = max((rec[a][key]["max"] - rec[a][key]["min"]) / 2 for a in ARMS)
+    return rec["hotloop"][key]["median"] - rec["vllm"][key]["median"] > spread
+
+
+def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), online: bool = True, seed: int = 0,
+        plot_path: str | None = "hotloop-bench-vllm.png"):
     try:
         import vllm  # noqa: F401
     except Exception as e:  # ImportError, or a vLLM that fails to import
@@ -233,12 +286,15 @@ def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), online: bool
     model = tiny_model.build(seed)
     rounds = rounds or (1 if quick else 5)
     bursts = 1 if quick else 2
-    progress = Progress("bench vllm", rounds * len(tps) * len(ARMS))
+    online_tp = max(tps)
+    load = OnlineLoad(*((24, 4.0) if quick else (64, 4.0)), seed=seed)
+    progress = Progress("bench vllm", rounds * (len(tps) + online) * len(ARMS))
     raw = {(tp, arm): [] for tp in tps for arm in ARMS}
+    raw_online = {arm: [] for arm in ARMS}
     reference = {}
     for rnd in range(rounds):
+        order = ARMS if rnd % 2 == 0 else ARMS[::-1]  # alternate which arm goes first
         for tp in tps:
-            order = ARMS if rnd % 2 == 0 else ARMS[::-1]
             for arm in order:
                 res = _one_engine(tp, arm, model, bursts)
                 for batch in BATCHES:
@@ -247,53 +303,140 @@ def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), online: bool
                     if ids != ref:
                         raise AssertionError(f"greedy outputs differ: TP={tp}, arm {arm}, round {rnd}, batch {batch}")
                 raw[(tp, arm)].append(res)
-                progress.step(f"TP={tp} {arm}: {res[1]['tok_per_s']:.0f} / {res[16]['tok_per_s']:.0f} tok/s, "
-                              f"idle {res['idle_0_3_pct']:.1f} %")
+                progress.step(f"round {rnd + 1} TP={tp} {arm}: {res[1]['tok_per_s']:.0f} / "
+                              f"{res[16]['tok_per_s']:.0f} tok/s, idle {res['idle_0_3_pct']:.1f} %")
+        if online:
+            for arm in order:
+                res = run_online(online_tp, arm, model, load)
+                raw_online[arm].append(res)
+                progress.step(f"round {rnd + 1} online TP={online_tp} {arm}: TTFT p50 {res['ttft_p50_ms']:.1f} ms, "
+                              f"ITL p50 {res['itl_p50_ms']:.2f} ms, {res['tok_per_s']:.0f} tok/s")
     progress.close()
 
     data = {"vllm_version": version, "supported": list(SUPPORTED_VLLM_VERSIONS), "rounds": rounds, "bursts": bursts,
-            "output_tokens": OUTPUT_TOKENS, "identical_greedy_outputs": True, "rows": {}}
+            "output_tokens": OUTPUT_TOKENS, "identical_greedy_outputs": True, "offline": {}}
+    keys = {"tok_per_s": 0, "cpu_s_per_1k_tok": 2, "idle_0_3_pct": 1, "idle_5_8_pct": 1}
     rows = []
     for tp in tps:
         for batch in BATCHES:
-            for arm in ARMS:
-                runs = raw[(tp, arm)]
-                tok = [r[batch]["tok_per_s"] for r in runs]
-                cpu = [r[batch]["cpu_s_per_1k_tok"] for r in runs]
-                i03 = [r["idle_0_3_pct"] for r in runs]
-                i58 = [r["idle_5_8_pct"] for r in runs]
-                rec = {"tok_per_s": median(tok), "tok_per_s_spread": _spread(tok),
-                       "cpu_s_per_1k_tok": median(cpu), "cpu_s_per_1k_tok_spread": _spread(cpu),
-                       "idle_0_3_pct": median(i03), "idle_0_3_pct_spread": _spread(i03),
-                       "idle_5_8_pct": median(i58), "idle_5_8_pct_spread": _spread(i58),
-                       "runs": {"tok_per_s": tok, "cpu_s_per_1k_tok": cpu, "idle_0_3_pct": i03, "idle_5_8_pct": i58}}
-                data["rows"][f"tp{tp}/batch{batch}/{arm}"] = rec
-                rows.append([f"TP={tp} batch {batch:>2} {arm}",
-                             f"{fmt(rec['tok_per_s'], 0)} ±{fmt(rec['tok_per_s_spread'], 0)}",
-                             f"{fmt(rec['cpu_s_per_1k_tok'], 2)} ±{fmt(rec['cpu_s_per_1k_tok_spread'], 2)}",
-                             f"{fmt(rec['idle_0_3_pct'], 1)} ±{fmt(rec['idle_0_3_pct_spread'], 1)}",
-                             f"{fmt(rec['idle_5_8_pct'], 1)} ±{fmt(rec['idle_5_8_pct_spread'], 1)}"])
+            per_arm = {arm: [{**r[batch], "idle_0_3_pct": r["idle_0_3_pct"], "idle_5_8_pct": r["idle_5_8_pct"]}
+                             for r in raw[(tp, arm)]] for arm in ARMS}
+            rec, arm_rows = _summarize(per_arm, keys)
+            data["offline"][f"tp{tp}/batch{batch}"] = rec
+            rows += [[f"TP={tp} batch {batch:>2} {r[0]}"] + r[1:] for r in arm_rows]
     text = table(
         f"vLLM {version} offline LLM.generate on vLLM's MessageQueue vs hotloop's; tiny Llama, {OUTPUT_TOKENS} "
-        f"output tokens, greedy; medians ± half-range over {rounds} round{'s' * (rounds > 1)} (fresh engines, "
-        f"arms alternating), {bursts} burst{'s' * (bursts > 1)} per batch per round",
+        f"output tokens, greedy; median (min-max) over {rounds} round{'s' * (rounds > 1)} (fresh engines, arms "
+        f"alternating), {bursts} burst{'s' * (bursts > 1)} per batch per round",
         ["layout / batch / queue", "tok/s", "CPU s / 1k tok", "idle CPU % 0-3 s", "idle CPU % 5-8 s"], rows,
         note="CPU: the whole process tree (driver, engine core, workers), utime + stime from /proc. Idle: after "
-             "the last burst, percent of one core. Greedy outputs identical across arms: yes (asserted).")
+             "the last burst, percent of one core, from every thread's schedstat (per engine, so the same in both "
+             "batch rows). hotloop/vLLM: the ratio within each round, median (min-max). Greedy outputs identical "
+             "across arms: yes (asserted).")
+    online_keys = {"ttft_p50_ms": 1, "ttft_p99_ms": 1, "itl_p50_ms": 2, "itl_p99_ms": 2, "tok_per_s": 0,
+                   "cpu_s_per_1k_tok": 2}
     if online:
-        on = run_online(model, tps=(max(tps),), quick=quick)
-        data["online"] = on
-        text += "\n\n" + _online_table(on)
+        rec, arm_rows = _summarize(raw_online, online_keys)
+        data["online"] = {"tp": online_tp, "requests": load.n, "rate_per_s": load.rate, "seed": load.seed,
+                          "output_tokens": ONLINE_TOKENS, f"tp{online_tp}": rec}
+        text += "\n\n" + table(
+            f"vLLM AsyncLLM at TP={online_tp}, Poisson arrivals {load.rate:g} req/s (seed {load.seed}), {load.n} "
+            f"requests x {ONLINE_TOKENS} output tokens; median (min-max) over {rounds} round{'s' * (rounds > 1)}",
+            ["queue", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "tok/s", "CPU s / 1k tok"],
+            arm_rows, note="tok/s: output tokens / (first arrival to last completion); CPU: the process tree.")
+    data["goals"] = _goals(data, tps)
+    text += "\n\n" + "\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
+                                 for g in data["goals"])
+    if plot_path:
+        text += "\n" + _plot(data, raw_online, plot_path)
     return data, text
 
 
+def _goals(data: dict, tps) -> list[dict]:
+    off = data["offline"]
+    idle = {tp: off[f"tp{tp}/batch1"]["hotloop"]["idle_0_3_pct"]["median"] for tp in tps}
+    cpu = {row: rec["ratio"]["cpu_s_per_1k_tok"]["max"] for row, rec in off.items()}
+    if "online" in data:
+        cpu["online"] = data["online"][f"tp{data['online']['tp']}"]["ratio"]["cpu_s_per_1k_tok"]["max"]
+    goals = [{"goal": "idle CPU of the tree 0-3 s after a burst <= 1 % of a core (hotloop, median)",
+              "met": all(v <= 1.0 for v in idle.values()),
+              "detail": ", ".join(f"TP={tp}: {v:.1f} %" for tp, v in idle.items())},
+             {"goal": "CPU per 1000 tokens lower than vLLM's in every row (every round)",
+              "met": all(v < 1.0 for v in cpu.values()),
+              "detail": "largest hotloop/vLLM ratio per row: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())}]
+    if 2 in tps:
+        rec = off["tp2/batch1"]
+        goals.append({"goal": "TP=2 batch 1 tok/s above vLLM's by more than the spread",
+                      "met": _above(rec, "tok_per_s"),
+                      "detail": f"hotloop {_cell(rec['hotloop']['tok_per_s'], 0)} vs vLLM "
+                                f"{_cell(rec['vllm']['tok_per_s'], 0)}"})
+    return goals
+
+
+def _plot(data: dict, raw_online: dict, path: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install hotloop[bench])"
+    online = "online" in data
+    fig, axes = plt.subplots(1, 4 if online else 2, figsize=(20 if online else 11, 4.5))
+    labels = list(data["offline"])
+    for ax, key, title in ((axes[0], "tok_per_s", "throughput (offline)"),
+                           (axes[1], "cpu_s_per_1k_tok", "CPU s per 1000 tokens (offline)")):
+        for i, arm in enumerate(ARMS):
+            st = [data["offline"][row][arm][key] for row in labels]
+            xs = [j + (i - 0.5) * 0.4 for j in range(len(labels))]
+            ax.bar(xs, [s["median"] for s in st], width=0.4, label=arm,
+                   yerr=[[s["median"] - s["min"] for s in st], [s["max"] - s["median"] for s in st]], capsize=3)
+        ax.set_xticks(range(len(labels)), [r.replace("/", " ") for r in labels], fontsize=8)
+        ax.set(title=title + ", median, min-max")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    if online:
+        for ax, key, title in ((axes[2], "ttft_ms", "time to first token (online, Poisson)"),
+                               (axes[3], "itl_ms", "inter-token latency (online, Poisson)")):
+            for arm in ARMS:
+                xs = sorted(x for r in raw_online[arm] for x in r[key])
+                if xs:
+                    ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=arm)
+            ax.set(title=title + ", all rounds", xlabel="ms", ylabel="fraction")
+            ax.set_xscale("log")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"plotted to {path}"
+
+
 # ---- online: AsyncLLM with Poisson arrivals ----
+
+ONLINE_TOKENS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineLoad:
+    n: int  # requests
+    rate: float  # mean arrivals per second
+    seed: int = 0
+
+    def arrivals(self) -> list[float]:
+        """Seconds after the start at which each request arrives (a seeded Poisson process)."""
+        rng, t, out = random.Random(self.seed), 0.0, []
+        for _ in range(self.n):
+            t += rng.expovariate(self.rate)
+            out.append(t)
+        return out
+
 
 def _online_driver(args) -> int:
     import asyncio
 
     proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    os.dup2(2, 1)  # vLLM logs to stdout: keep the protocol channel clean
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -304,81 +447,75 @@ def _online_driver(args) -> int:
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
             model=args.model, tensor_parallel_size=args.tp, distributed_executor_backend="mp", dtype="float32",
             max_model_len=512, max_num_seqs=16, seed=0, enforce_eager=True))
-        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-        prompts = tiny_model.prompts(args.n)
+        try:
+            queue_class = sorted(set(await engine.collective_rpc(_check_worker_queue)))
+            params = SamplingParams(temperature=0.0, max_tokens=ONLINE_TOKENS, ignore_eos=True)
+            load = OnlineLoad(args.n, args.rate, args.seed)
+            prompts = tiny_model.prompts(load.n, seed=load.seed)
 
-        async def one(i, delay):
-            await asyncio.sleep(delay)
-            t0 = time.perf_counter()
-            first, gaps, _ = await time_stream(engine.generate(prompts[i], params, request_id=f"r{i}"), t0)
-            return first, gaps
+            async def one(i, at, t_start):
+                await asyncio.sleep(max(0.0, t_start + at - time.perf_counter()))
+                t0 = time.perf_counter()
+                first, gaps, outs = await time_stream(engine.generate(prompts[i], params, request_id=f"r{i}-{at}"), t0)
+                return first, gaps, len(outs[-1].outputs[0].token_ids)
 
-        await one(0, 0)  # warm-up
-        rng = random.Random(1)
-        t, delays = 0.0, []
-        for _ in range(args.n):
-            t += rng.expovariate(args.rate)
-            delays.append(t)
-        res = await asyncio.gather(*(one(i, d) for i, d in enumerate(delays)))
-        engine.shutdown()
-        ttft = [r[0] for r in res]
-        itl = [g for r in res for g in r[1]]
-        proto.write(json.dumps({"ttft_p50_ms": percentile(ttft, 50) * 1e3, "ttft_p99_ms": percentile(ttft, 99) * 1e3,
-                                "itl_p50_ms": percentile(itl, 50) * 1e3, "itl_p99_ms": percentile(itl, 99) * 1e3})
-                    + "\n")
+            await one(0, 0.0, time.perf_counter())  # warm-up
+            c0, t_start = process_tree_cpu_seconds(os.getpid()), time.perf_counter()
+            res = await asyncio.gather(*(one(i, at, t_start) for i, at in enumerate(load.arrivals())))
+            wall, cpu = time.perf_counter() - t_start, process_tree_cpu_seconds(os.getpid()) - c0
+        finally:
+            engine.shutdown()
+        ttft = [r[0] * 1e3 for r in res]
+        itl = [g * 1e3 for r in res for g in r[1]]
+        tokens = sum(r[2] for r in res)
+        proto.write(json.dumps({
+            "queue_class": queue_class, "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+            "itl_p50_ms": percentile(itl, 50), "itl_p99_ms": percentile(itl, 99), "tok_per_s": tokens / wall,
+            "cpu_s_per_1k_tok": 1000 * cpu / tokens, "tokens": tokens, "ttft_ms": ttft, "itl_ms": itl}) + "\n")
 
     asyncio.run(main())
     return 0
 
 
-def run_online(model: str, tps=(2,), quick: bool = False) -> dict:
-    n, rate = (24, 4.0) if quick else (64, 4.0)
-    out = {}
-    for tp in tps:
-        for arm in ARMS:
-            env = dict(os.environ, HOTLOOP_VLLM="1" if arm == "hotloop" else "0", VLLM_CPU_KVCACHE_SPACE="1",
-                       VLLM_CPU_OMP_THREADS_BIND=BIND.get(tp, "auto"), TOKENIZERS_PARALLELISM="false",
-                       VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
-            p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm_bench", "--online-driver", "--tp", str(tp),
-                                "--model", model, "--n", str(n), "--rate", str(rate), "--max-tokens", "32"],
-                               env=env, stdout=subprocess.PIPE, stderr=None if os.environ.get(
-                                   "HOTLOOP_BENCH_VERBOSE") else subprocess.DEVNULL, text=True, timeout=900)
-            if p.returncode != 0 or not p.stdout.strip():
-                raise RuntimeError(f"online driver TP={tp} arm {arm} failed (code {p.returncode}); rerun with "
-                                   "HOTLOOP_BENCH_VERBOSE=1")
-            out[f"tp{tp}/{arm}"] = {**json.loads(p.stdout.strip().splitlines()[-1]), "requests": n, "rate": rate}
-            print(f"[bench vllm] online TP={tp} {arm} done", file=sys.stderr, flush=True)
-    return out
-
-
-def _online_table(on: dict) -> str:
-    rows = [[k, fmt(v["ttft_p50_ms"], 1), fmt(v["ttft_p99_ms"], 1), fmt(v["itl_p50_ms"], 2), fmt(v["itl_p99_ms"], 2)]
-            for k, v in on.items()]
-    first = next(iter(on.values()))
-    return table(f"vLLM AsyncLLM, Poisson arrivals {first['rate']:g} req/s, {first['requests']} requests x 32 output "
-                 "tokens (one run per arm)", ["layout / queue", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms",
-                                              "ITL p99 ms"], rows)
+def run_online(tp: int, arm: str, model: str, load: OnlineLoad) -> dict:
+    """One AsyncLLM engine of `arm` under `load` in a fresh driver process: its figures (and the raw TTFT / ITL
+    samples in ms)."""
+    p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm_bench", "--online-driver", "--tp", str(tp),
+                        "--model", model, "--n", str(load.n), "--rate", str(load.rate), "--seed", str(load.seed)],
+                       env=_env(tp, arm), stdout=subprocess.PIPE, stderr=None if os.environ.get(
+                           "HOTLOOP_BENCH_VERBOSE") else subprocess.DEVNULL, text=True, timeout=900,
+                       start_new_session=True)
+    if p.returncode != 0 or not p.stdout.strip():
+        raise RuntimeError(f"online driver TP={tp} arm {arm} failed (code {p.returncode}); rerun with "
+                           "HOTLOOP_BENCH_VERBOSE=1 to see its log")
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    _check_queue_class(arm, res.pop("queue_class"))
+    return res
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm_bench")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--online-driver", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--n", type=int, default=24)
-    ap.add_argument("--rate", type=float, default=4.0)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--quick", action="store_true", help="1 round, 1 burst per batch")
-    ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--online", action="store_true", help="also the AsyncLLM Poisson run (TP=2)")
+    ap.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=24, help=argparse.SUPPRESS)
+    ap.add_argument("--rate", type=float, default=4.0, help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="1 round, 1 burst per batch, 24 online requests")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 5; 1 with --quick)")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the model, the prompts and the arrivals")
+    ap.add_argument("--no-online", action="store_true", help="leave out the AsyncLLM Poisson run")
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--plot", metavar="PATH", default="hotloop-bench-vllm.png")
     args = ap.parse_args(argv)
     if args.driver:
         return _driver(args)
     if args.online_driver:
         return _online_driver(args)
-    data, text = run(quick=args.quick, rounds=args.rounds, online=args.online)
+    if args.rounds is not None and args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    data, text = run(quick=args.quick, rounds=args.rounds, online=not args.no_online, seed=args.seed,
+                     plot_path=args.plot)
     print(text)
     if args.json:
         with open(args.json, "w") as f:
