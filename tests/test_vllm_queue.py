@@ -348,3 +348,56 @@ def test_plugin_does_nothing_unless_enabled_and_names_supported_versions(monkeyp
         hv.register()
     assert any("supports vLLM 0.32.0" in m for m in caplog.messages)
     assert not hv.is_installed()
+
+
+def test_step_paced_wait_yields_then_parks_and_loses_nothing(monkeypatch):
+    from hotloop.vllm import step_wait
+
+    monkeypatch.setenv("HOTLOOP_VLLM_YIELD_US", "50000")  # a 50 ms yield budget: long enough to tell the phases
+    q = MessageQueue(1, 1)
+    r = MessageQueue.create_from_handle(q.export_handle(), 0)
+    paced = r._paced
+    q.wait_until_ready()
+    q.enqueue(_step(0))
+    assert r.dequeue(indefinite=True)[1][0]["step"] == 0  # there at once: within the budget
+    assert (paced.yielded, paced.parked) == (1, 0)
+
+    threading.Timer(0.3, q.enqueue, args=(_step(1),)).start()  # after the budget: found by the parked phase
+    assert r.dequeue(indefinite=True)[1][0]["step"] == 1
+    assert paced.parked == 1
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):  # the caller's timeout holds across both phases
+        r.dequeue(timeout=0.2)
+    assert time.monotonic() - t0 >= 0.2
+    assert r._policy is paced.park_policy  # the yield policy never outlives its phase
+
+    paced.ema_s = 1.0  # waits far above the cap (idle, long steps): park at once
+    assert paced.budget_s(0.05) == 0.0
+    paced.ema_s = 0.001
+    assert paced.budget_s(0.05) == 0.05  # steps within the cap: yield through the whole cap
+    assert paced.budget_s(0.0) == 0.0
+    r.shutdown()
+    with pytest.raises(ClosedError):  # shutdown still ends a paced wait
+        r.dequeue(indefinite=True)
+    r.close()
+    q.close()
+
+
+def test_step_paced_wait_is_off_unless_asked_and_checks_its_setting(monkeypatch):
+    from hotloop.vllm import step_wait
+
+    monkeypatch.delenv("HOTLOOP_VLLM_YIELD_US", raising=False)
+    assert step_wait.cap_us() == 0.0
+    q = MessageQueue(1, 1)
+    r = MessageQueue.create_from_handle(q.export_handle(), 0)
+    q.enqueue(_step(0))
+    assert r.dequeue()[0] == "execute_model"
+    assert (r._paced.yielded, r._paced.parked) == (0, 1)  # no yield phase: hotloop's own wait
+    r.close()
+    q.close()
+    for bad in ("lots", "-5", "nan"):  # a bad setting fails the attach with its name, not a step later
+        monkeypatch.setenv("HOTLOOP_VLLM_YIELD_US", bad)
+        q = MessageQueue(1, 1)
+        with pytest.raises(ValueError, match="HOTLOOP_VLLM_YIELD_US"):
+            MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.close()

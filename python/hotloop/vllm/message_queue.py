@@ -22,7 +22,8 @@ Contract:
   (where vLLM's own queue would wait until its timeout).
 - ``dequeue(timeout=None)`` without ``indefinite`` logs vLLM's "No available shared memory broadcast block"
   line every ``VLLM_RINGBUFFER_WARNING_INTERVAL`` seconds of waiting, as vLLM's queue does; the wait itself is
-  hotloop's (spin, yield, park, GIL released): an idle reader costs no CPU.
+  hotloop's (spin, yield, park, GIL released): an idle reader costs no CPU. ``HOTLOOP_VLLM_YIELD_US`` makes a reader
+  yield up to that long before it parks while steps come within it (``step_wait.py``; off by default).
 - What differs: the ring holds 4 x min(max_chunk_bytes, RING_CHUNK_CAP) bytes (``max_chunks`` is ignored); a
   larger message is split across records instead of going over a socket. ``enable_shm_tensor_arena`` is
   ignored (tensors travel out-of-band through the ring: one copy in, one out). ``acquire_read`` lends the
@@ -40,6 +41,7 @@ import os
 
 from hotloop import message_queue as _hl
 from hotloop._core import BadHandleError, ClosedError, DeadPeerError, WaitPolicy
+from hotloop.vllm import step_wait
 
 log = logging.getLogger("vllm.hotloop")
 
@@ -134,6 +136,9 @@ class MessageQueue(_hl.MessageQueue):
         self.shutting_down = False
         self.tensor_arena = None
 
+    def _use_policy(self, policy: WaitPolicy) -> None:
+        self._policy = policy  # the policy the next ring read waits with (step_wait.py)
+
     def export_handle(self) -> Handle:
         return self.handle
 
@@ -157,8 +162,10 @@ class MessageQueue(_hl.MessageQueue):
             raise BadHandleError(f"queue {inner.name}: rank {rank!r} is not one of its readers (local ranks "
                                  f"{handle.local_reader_ranks}, remote ranks {handle.remote_reader_ranks}); "
                                  "attach with the rank the queue was created for")
-        self = super().create_from_handle(inner, slot, policy)
+        paced = step_wait.StepPacedWait(policy)  # first: a bad HOTLOOP_VLLM_YIELD_US fails before attaching
+        self = super().create_from_handle(inner, slot, paced.park_policy)
         self.handle = handle
+        self._paced = paced
         local = slot if slot < inner.n_local_reader else -1
         self._set_vllm_attributes(inner.n_local_reader, inner.n_reader - inner.n_local_reader, local)
         return self
@@ -181,12 +188,12 @@ class MessageQueue(_hl.MessageQueue):
         if self.is_writer:
             raise RuntimeError(f"queue {self.name}: only readers can dequeue; this is the writer")
         if timeout is not None or indefinite:
-            return super().dequeue(timeout)
+            return self._paced.read(super().dequeue, self._use_policy, timeout)
         interval = _warning_interval()
         waited = 0.0
         while True:
             try:
-                return super().dequeue(interval)
+                return self._paced.read(super().dequeue, self._use_policy, interval)
             except TimeoutError:
                 waited += interval
                 log.info("No available shared memory broadcast block found in %d seconds (hotloop queue %s, "
