@@ -31,7 +31,8 @@ import random
 import statistics
 import time
 
-from hotloop.bench.report import Progress, fmt, percentile, process_tree_cpu_seconds, table, time_stream
+from hotloop.bench.report import (NO_PLOT, Progress, cdf_panel, fmt, percentile, process_tree_cpu_seconds, pyplot,
+                                   table, time_stream)
 
 MODES = ("block", "poll", "hotloop")
 EXECUTORS = ("inprocess", "multiproc")
@@ -133,26 +134,15 @@ def _med(runs, part, key):
 
 
 def _plot(results: dict, path: str) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no plot: matplotlib is not installed (pip install hotloop[bench])"
+    plt = pyplot()
+    if plt is None:
+        return NO_PLOT
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for (executor, mode), (runs, _) in results.items():
-        ttft = sorted(x for r in runs for x in r["poisson"]["ttft_ms"])
-        itl = sorted(x for r in runs for x in r["poisson"]["itl_ms"])
-        for ax, xs in ((axes[0], ttft), (axes[1], itl)):
-            if xs:
-                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=f"{executor} / {mode}")
-    axes[0].set(title="time to first token (poisson arrivals)", xlabel="ms", ylabel="fraction of requests")
-    axes[1].set(title="inter-token latency (poisson arrivals)", xlabel="ms", ylabel="fraction of gaps")
-    for ax in axes:
-        ax.set_xscale("log")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+    panels = ((axes[0], "ttft_ms", "time to first token (poisson arrivals)", "fraction of requests"),
+              (axes[1], "itl_ms", "inter-token latency (poisson arrivals)", "fraction of gaps"))
+    for ax, key, title, ylabel in panels:
+        cdf_panel(ax, {f"{executor} / {mode}": [x for r in runs for x in r["poisson"][key]]
+                       for (executor, mode), (runs, _) in results.items()}, title, ylabel)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -119,3 +119,30 @@ async def time_stream(stream, t0: float):
         last = now
         outs.append(out)
     return first, gaps, outs
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None when matplotlib is not installed (the bench extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+NO_PLOT = "no plot: matplotlib is not installed (pip install hotloop[bench])"
+
+
+def cdf_panel(ax, series: dict, title: str, ylabel: str = "fraction") -> None:
+    """One panel of empirical distributions (label -> values in ms), log x axis."""
+    for label, values in series.items():
+        xs = sorted(values)
+        if xs:
+            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=label)
+    ax.set(title=title, xlabel="ms", ylabel=ylabel)
+    ax.set_xscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)

@@ -37,8 +37,8 @@ import subprocess
 import sys
 import time
 
-from hotloop.bench.report import (Progress, fmt, median, percentile, process_tree_cpu_seconds, table,
-                                   time_stream)
+from hotloop.bench.report import (NO_PLOT, Progress, cdf_panel, fmt, median, percentile, process_tree_cpu_seconds,
+                                   pyplot, table, time_stream)
 
 OUTPUT_TOKENS = 64
 BATCHES = (1, 16)
@@ -374,13 +374,9 @@ def _goals(data: dict, tps) -> list[dict]:
 
 
 def _plot(data: dict, raw_online: dict, path: str) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no plot: matplotlib is not installed (pip install hotloop[bench])"
+    plt = pyplot()
+    if plt is None:
+        return NO_PLOT
     online = "online" in data
     fig, axes = plt.subplots(1, 4 if online else 2, figsize=(20 if online else 11, 4.5))
     labels = list(data["offline"])
@@ -398,14 +394,7 @@ def _plot(data: dict, raw_online: dict, path: str) -> str:
     if online:
         for ax, key, title in ((axes[2], "ttft_ms", "time to first token (online, Poisson)"),
                                (axes[3], "itl_ms", "inter-token latency (online, Poisson)")):
-            for arm in ARMS:
-                xs = sorted(x for r in raw_online[arm] for x in r[key])
-                if xs:
-                    ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=arm)
-            ax.set(title=title + ", all rounds", xlabel="ms", ylabel="fraction")
-            ax.set_xscale("log")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
+            cdf_panel(ax, {arm: [x for r in raw_online[arm] for x in r[key]] for arm in ARMS}, title + ", all rounds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
