@@ -162,8 +162,9 @@ class MessageQueue(_hl.MessageQueue):
             raise BadHandleError(f"queue {inner.name}: rank {rank!r} is not one of its readers (local ranks "
                                  f"{handle.local_reader_ranks}, remote ranks {handle.remote_reader_ranks}); "
                                  "attach with the rank the queue was created for")
-        paced = step_wait.StepPacedWait(policy)  # first: a bad HOTLOOP_VLLM_YIELD_US fails before attaching
-        self = super().create_from_handle(inner, slot, paced.park_policy)
+        paced = step_wait.StepPacedWait()  # first: a bad HOTLOOP_VLLM_YIELD_US fails before attaching
+        self = super().create_from_handle(inner, slot, policy)
+        paced.park_policy = self._policy  # the reader's own (a network reader's parks at once)
         self.handle = handle
         self._paced = paced
         local = slot if slot < inner.n_local_reader else -1
