@@ -23,8 +23,9 @@ three 128-token bursts per engine, on a 2-vCPU VM that other jobs kept at load 6
 engine core waits ~1 ms for the worker's answer and the worker ~0.2 ms for the next step. In one run yielding
 through waits up to 3 ms gave 950 tok/s against 790 on vLLM's spinning queue and 170 parking; in the next, 210-265
 (bursts from 150 to 680) against 680 parking and 710 on vLLM's queue. At TP=2 yielding readers were slower than
-parking ones (335-407 against 563 tok/s). Until a quieter machine shows which holds, the default keeps the wait
-that costs no CPU.
+parking ones (335-407 against 563 tok/s). Quiet (load 1-3): TP=1 batch 1 1073 tok/s yielding, 965 on vLLM's
+queue, 922 parking; TP=2 batch 1 463 yielding, 650 vLLM, 571 parking. It helps only with a core to spare, and
+the loaded runs disagree, so the default keeps the wait that costs no CPU.
 """
 
 from __future__ import annotations
