@@ -77,11 +77,14 @@ def cmd_bench(args) -> int:
     if report:
         os.makedirs(report, exist_ok=True)
     engine_plot = args.plot or (os.path.join(report, "engine-latency.png") if report else None)
+    plots = {"engine": [engine_plot]} if engine_plot else {}
+    if report:
+        plots["vllm"] = [os.path.join(report, "vllm.png")]
     texts = {}
     for name in names:
         kwargs = {"plot_path": engine_plot} if name == "engine" else {}
         if name == "vllm":
-            kwargs = {"rounds": args.rounds, "plot_path": os.path.join(report, "vllm.png") if report else None}
+            kwargs = {"rounds": args.rounds, "plot_path": plots["vllm"][0] if report else None}
         data, text = BENCHMARKS[name](quick=quick, **kwargs)
         record["results"][name] = data
         texts[name] = text
@@ -94,7 +97,7 @@ def cmd_bench(args) -> int:
     if report:
         from hotloop.bench import report_page
 
-        page, images = report_page.write(record, texts, report, {"engine": [engine_plot]} if engine_plot else None)
+        page, images = report_page.write(record, texts, report, plots)
         print(f"report: {page} ({len(images)} plots in {report})")
     return 0
 
