@@ -26,6 +26,8 @@ import os
 import subprocess
 import sys
 
+from hotloop.bench.report import cmdline, descendants, processes
+
 ROWS = {  # label -> engine arguments
     "multiproc tp=2": {"executor": "multiproc", "tp": 2},
     "ray tp=2 one node": {"executor": "ray", "tp": 2, "executor_options": {"placement_strategy": "PACK"}},
@@ -60,46 +62,17 @@ def results(p: dict) -> dict:
     return {(label, "hotloop"): (runs, idle) for label, (runs, idle) in got.items()}
 
 
-def _processes() -> dict[int, tuple[int, float, bytes]]:
-    """pid -> (parent pid, CPU seconds, command line) of every process."""
-    tick = os.sysconf("SC_CLK_TCK")
-    procs = {}
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{p}/cmdline", "rb") as f:
-                    cmdline = f.read()
-            except OSError:
-                continue
-            procs[int(p)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, cmdline)
-    return procs
-
-
-def _tree(procs: dict, root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in procs.items():
-        children.setdefault(ppid, []).append(pid)
-    out, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        out.append(pid)
-        stack.extend(children.get(pid, ()))
-    return out
-
-
 def _cpu_of(engine_pid: int):
     """({engine tree, each rank}: CPU s, {Ray's daemons}: CPU s) for an engine in this process's cluster."""
     me = os.getpid()
 
     def cpu():
-        procs = _processes()
-        engine = set(_tree(procs, engine_pid))
-        ranks = sorted(p for p in _tree(procs, me) if procs[p][2].startswith(RANK_TITLE))
-        ours = {"engine and workers": sum(procs[p][1] for p in engine)}
-        ours.update({f"rank process {pid}": procs[pid][1] for pid in ranks if pid not in engine})
-        daemons = sum(procs[p][1] for p in _tree(procs, me) if p not in engine and p not in ranks and p != me)
+        procs = processes()
+        engine = set(descendants(procs, engine_pid))
+        ranks = sorted(p for p in descendants(procs, me) if (cmdline(p) or b"").startswith(RANK_TITLE))
+        ours = {"engine and workers": sum(procs[p].cpu_s for p in engine)}
+        ours.update({f"rank process {pid}": procs[pid].cpu_s for pid in ranks if pid not in engine})
+        daemons = sum(procs[p].cpu_s for p in descendants(procs, me) if p not in engine and p not in ranks and p != me)
         return ours, {"ray daemons": daemons}
 
     return cpu

@@ -7,6 +7,7 @@ import os
 import statistics
 import sys
 import time
+from typing import NamedTuple
 
 
 def percentile(values, q):
@@ -78,10 +79,15 @@ def table(title: str, headers: list[str], rows: list[list], note: str = "") -> s
     return "\n".join(out)
 
 
-def process_tree_cpu_seconds(root: int) -> float:
-    """utime + stime of `root` and every live descendant, in seconds (children that exited are not counted)."""
+class Proc(NamedTuple):
+    ppid: int
+    cpu_s: float  # utime + stime
+
+
+def processes() -> dict[int, Proc]:
+    """Every live process: pid -> Proc."""
     tick = os.sysconf("SC_CLK_TCK")
-    parent, cpu = {}, {}
+    procs = {}
     for p in os.listdir("/proc"):
         if not p.isdigit():
             continue
@@ -90,20 +96,39 @@ def process_tree_cpu_seconds(root: int) -> float:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        parent[int(p)] = int(fields[1])
-        cpu[int(p)] = (int(fields[11]) + int(fields[12])) / tick
-    total, stack, seen = 0.0, [root], set()
+        procs[int(p)] = Proc(int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return procs
+
+
+def cmdline(pid: int) -> bytes | None:
+    """The process's command line (NUL-separated), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def descendants(procs: dict[int, Proc], root: int) -> list[int]:
+    """`root` and its descendants among `procs` (those alive when the table was read)."""
     children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, proc in procs.items():
+        children.setdefault(proc.ppid, []).append(pid)
+    out, stack, seen = [], [root], set()
     while stack:
         pid = stack.pop()
-        if pid in seen:
+        if pid in seen or pid not in procs:
             continue
         seen.add(pid)
-        total += cpu.get(pid, 0.0)
+        out.append(pid)
         stack.extend(children.get(pid, ()))
-    return total
+    return out
+
+
+def process_tree_cpu_seconds(root: int) -> float:
+    """utime + stime of `root` and every live descendant, in seconds (children that exited are not counted)."""
+    procs = processes()
+    return sum(procs[pid].cpu_s for pid in descendants(procs, root))
 
 
 async def time_stream(stream, t0: float):

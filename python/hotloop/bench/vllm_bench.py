@@ -37,8 +37,8 @@ import subprocess
 import sys
 import time
 
-from hotloop.bench.report import (NO_PLOT, Progress, cdf_panel, fmt, median, percentile, process_tree_cpu_seconds,
-                                   pyplot, table, time_stream)
+from hotloop.bench.report import (NO_PLOT, Progress, cdf_panel, cmdline, descendants, fmt, median, percentile,
+                                   process_tree_cpu_seconds, processes, pyplot, table, time_stream)
 
 OUTPUT_TOKENS = 64
 BATCHES = (1, 16)
@@ -51,24 +51,9 @@ BIND = {1: "0", 2: "0|1"}
 def tree(root: int) -> dict[int, str]:
     """pid -> command line (vLLM retitles its processes: VLLM::EngineCore, VLLM::Worker_TP0, ...) of `root` and
     its live descendants."""
-    parent = {}
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/stat") as f:
-                    parent[int(p)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-    found, stack = {}, [root]
-    while stack:
-        pid = stack.pop()
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        stack.extend(c for c, pp in parent.items() if pp == pid)
-    return found
+    found = {pid: cmdline(pid) for pid in descendants(processes(), root)}
+    return {pid: line.replace(b"\0", b" ").decode(errors="replace").strip() for pid, line in found.items()
+            if line is not None}
 
 
 def tree_run_seconds(root: int) -> float:
