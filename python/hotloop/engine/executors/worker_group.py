@@ -39,8 +39,7 @@ class WorkerGroupExecutor(Executor):
         self.failed = Flag()
         self.error: str | None = None
         self.sources: list = []
-        self._stopping = False
-        self._closed = False
+        self._stopping = False  # shutdown() began: a rank that exits now is not a failure
         self._response: MessageQueue | None = None
         self._bcast = MessageQueue(tp, n_local_reader, max_chunk_bytes=STEP_CHUNK_BYTES, connect_ip=connect_ip)
 
@@ -81,9 +80,8 @@ class WorkerGroupExecutor(Executor):
         """Make every worker exit (they were asked to by the broadcast queue's shutdown) and release them."""
 
     def shutdown(self) -> None:
-        if self._closed:
+        if self._stopping:
             return
-        self._closed = True
         self._stopping = True
         self._bcast.shutdown()
         self._stop_workers()
