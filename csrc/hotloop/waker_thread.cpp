@@ -29,6 +29,7 @@ struct Helper {
   std::atomic<uint32_t> done{0};  // set to `job` by the helper when it finished that job; the waiter sleeps on it
   std::atomic<uint32_t> stop{0};  // bumped by the waiter to end the helper's futex_waitv (the last entry)
   std::atomic<bool> quit{false};
+  std::atomic<uint32_t> started{0};  // set by the helper once it runs: its start-up (allocations included) is over
   std::atomic<int> n{0};
   futex::WaitEntry entries[kMaxFutexes + 1];
   int efd = -1;
@@ -36,6 +37,8 @@ struct Helper {
   std::thread thread;
 
   void run() noexcept {
+    started.store(1, std::memory_order_release);
+    futex::wake(&started, 1, false);
     uint32_t seen = 0;
     for (;;) {
       uint32_t j = job.load(std::memory_order_acquire);
@@ -116,6 +119,9 @@ Helper* thread_helper(int* err) noexcept {
     delete h;
     return nullptr;
   }
+  // Return once the helper runs: a thread still starting may hold its allocator's lock (ASan's does), and a
+  // fork() then (a worker started right after prepare()) gives the child that lock held for good.
+  while (h->started.load(std::memory_order_acquire) == 0) futex::wait(&h->started, 0, false, kForever);
   return t_helper.h = h;
 }
 

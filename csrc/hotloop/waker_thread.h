@@ -31,7 +31,8 @@ namespace hotloop::waker_thread {
 // Whether this kernel has futex_waitv (the helper's sleep).
 bool available() noexcept;
 
-// Starts the calling thread's helper now (a park does it on first use). Returns 0 or an errno.
+// Starts the calling thread's helper now (a park does it on first use) and returns once it runs, so a fork()
+// right after never copies a thread mid-start-up. Returns 0 or an errno.
 int prepare() noexcept;
 
 // Sleeps until a futex word differs from its expected value or is woken, a descriptor is readable (or hung
