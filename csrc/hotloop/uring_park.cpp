@@ -10,38 +10,29 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "hotloop/clock.h"
+#include "hotloop/fd_watch.h"
 
 namespace hotloop::uring_park {
 namespace {
 
-// Constants newer than the build's kernel headers, as upstream defines them:
-// include/uapi/linux/io_uring.h: enum io_uring_op counts ..., IORING_OP_SENDMSG_ZC (48, the last one in 6.1
-// headers), IORING_OP_READ_MULTISHOT (49, 6.7), IORING_OP_WAITID (50, 6.7), IORING_OP_FUTEX_WAIT (51, 6.7).
-constexpr uint8_t kOpFutexWait = 51;
-// include/uapi/linux/futex.h: FUTEX2_SIZE_U32 0x02, FUTEX2_PRIVATE = FUTEX_PRIVATE_FLAG (128).
-constexpr uint32_t kFutex2SizeU32 = 0x02;
-constexpr uint32_t kFutex2Private = 128;
-// FUTEX_BITSET_MATCH_ANY: a FUTEX_WAIT's mask must be non-zero; "any" matches every futex_wake.
-constexpr uint64_t kMaskAny = 0xffffffffu;
-static_assert(IORING_OP_SENDMSG_ZC == 48, "io_uring opcode numbering differs from upstream");
 static_assert(sizeof(io_uring_sqe) == 64, "io_uring_sqe must be 64 bytes");
 
-// 64 futexes + 64 descriptors + a cancel fit in the submission queue with room to spare; the completion
-// queue is twice that (the kernel's default), so it never overflows.
-constexpr unsigned kEntries = 256;
-constexpr uint64_t kCancelTag = ~uint64_t(0);
-// How long the reap after a cancel waits before cancelling again: a cancelled futex or poll completes at
-// once, so this fires only if the kernel misses one (never seen); it bounds the damage if it does.
-constexpr int64_t kReapRetryNs = 100'000'000;
+// One poll is ever in flight (on the thread's fd_watch); the queues' smallest sizes are plenty.
+constexpr unsigned kEntries = 4;
+constexpr int kMaxFutexes = 64;
+constexpr uint64_t kWatchTag = 1;
 
 long sys_setup(unsigned entries, io_uring_params* p) { return syscall(__NR_io_uring_setup, entries, p); }
-long sys_enter(int fd, unsigned submit, unsigned min_complete, unsigned flags, const void* arg, size_t argsz) {
-  return syscall(__NR_io_uring_enter, fd, submit, min_complete, flags, arg, argsz);
+long sys_enter(int fd, unsigned submit, unsigned min_complete, unsigned flags) {
+  return syscall(__NR_io_uring_enter, fd, submit, min_complete, flags, nullptr, 0);
 }
 long sys_register(int fd, unsigned op, void* arg, unsigned n) {
   return syscall(__NR_io_uring_register, fd, op, arg, n);
@@ -66,11 +57,11 @@ class Ring {
 
   // Returns 0 or an errno.
   int open() {
-    // SINGLE_ISSUER + DEFER_TASKRUN (6.1): only this thread submits, and completions run when it waits, not
-    // as interrupts of whatever it does meanwhile. SUBMIT_ALL (5.18): one refused operation does not stop the
-    // others from being submitted.
-    const unsigned tries[] = {IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
-                              IORING_SETUP_SUBMIT_ALL, 0};
+    // Completions must be run by task work queued with TWA_SIGNAL (io_uring's default), which wakes this
+    // thread from futex_waitv: so no IORING_SETUP_DEFER_TASKRUN (completions would wait until this thread
+    // enters io_uring), COOP_TASKRUN or TASKRUN_FLAG (no wake-up of a sleeping thread). SUBMIT_ALL (5.18):
+    // one refused operation does not stop the others; where it is unknown, a partial submission is undone.
+    const unsigned tries[] = {IORING_SETUP_SUBMIT_ALL, 0};
     io_uring_params p;
     long fd = -1;
     int err = 0;
@@ -133,6 +124,7 @@ class Ring {
 
   int park(const futex::WaitEntry* fx, int n_fx, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept;
 
+
  private:
   int fail_open() {
     int err = errno;
@@ -149,26 +141,45 @@ class Ring {
     return s;
   }
 
-  // Submits `n` prepared SQEs from `tail` and waits for `min_complete` completions or `timeout_ns` (< 0:
-  // none). Returns how many SQEs the kernel took; *err is the errno of the call (0, ETIME, EINTR, ...).
-  unsigned enter(uint32_t tail, unsigned n, unsigned min_complete, int64_t timeout_ns, int* err) {
+  // Submits `n` prepared SQEs from `tail` without waiting. Returns how many the kernel took; *err is the
+  // errno of the call. A completion posted meanwhile (the watch already readable) is in the completion queue
+  // when it returns: its task work runs before the call returns to user space.
+  unsigned submit(uint32_t tail, unsigned n, int* err) {
     const uint32_t head = load_acquire(sq_head_);
     store_release(sq_tail_, tail + n);
-    __kernel_timespec ts{};
-    io_uring_getevents_arg arg{};
-    arg.sigmask = 0;
-    arg.sigmask_sz = _NSIG / 8;
-    if (timeout_ns >= 0) {
-      ts.tv_sec = timeout_ns / 1'000'000'000;
-      ts.tv_nsec = timeout_ns % 1'000'000'000;
-      arg.ts = reinterpret_cast<uint64_t>(&ts);
-    }
-    long rc = sys_enter(fd_, n, min_complete, IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG, &arg, sizeof arg);
+    long rc;
+    do rc = sys_enter(fd_, n, 0, 0);
+    while (rc < 0 && errno == EINTR && load_acquire(sq_head_) == head);
     *err = rc < 0 ? errno : 0;
     unsigned taken = load_acquire(sq_head_) - head;
     // An SQE the kernel refused to take (an error before submission) must not linger into the next call.
     if (taken < n) store_release(sq_tail_, head + taken);
     return taken;
+  }
+
+  // Consumes the completion queue; a completion of the watch's poll means it is no longer armed.
+  void reap() {
+    uint32_t head = *cq_head_;
+    const uint32_t ctail = load_acquire(cq_tail_);
+    for (; head != ctail; ++head) {
+      if (cqes_[head & cq_mask_].user_data == kWatchTag) watch_armed_ = false;
+    }
+    store_release(cq_head_, head);
+  }
+
+  // Arms a one-shot poll on the thread's watch (unless one is armed). Returns 0 or an errno.
+  int arm_watch(int watch_fd) {
+    if (watch_armed_) return 0;
+    const uint32_t tail = *sq_tail_;  // this thread is the only writer of the tail
+    io_uring_sqe* s = sqe_at(tail);
+    s->opcode = IORING_OP_POLL_ADD;
+    s->fd = watch_fd;
+    s->poll32_events = POLLIN;
+    s->user_data = kWatchTag;
+    int err = 0;
+    if (submit(tail, 1, &err) != 1) return err ? err : EAGAIN;
+    watch_armed_ = true;
+    return 0;
   }
 
   int fd_ = -1;
@@ -183,101 +194,33 @@ class Ring {
   uint32_t *cq_head_ = nullptr, *cq_tail_ = nullptr;
   uint32_t cq_mask_ = 0;
   io_uring_cqe* cqes_ = nullptr;
+  bool watch_armed_ = false;
 };
 
 int Ring::park(const futex::WaitEntry* fx, int n_fx, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept {
-  const unsigned n = unsigned(n_fx + n_fds);
-  if (n_fx < 0 || n_fds < 0 || n == 0 || n > 128) return EINVAL;
-  uint32_t tail = *sq_tail_;  // this thread is the only writer of the tail
-  for (int i = 0; i < n_fx; ++i) {
-    io_uring_sqe* s = sqe_at(tail++);
-    s->opcode = kOpFutexWait;
-    s->fd = int32_t(kFutex2SizeU32 | (fx[i].shared ? 0 : kFutex2Private));  // futex2 flags travel in sqe->fd
-    s->addr = reinterpret_cast<uint64_t>(fx[i].word);
-    s->addr2 = fx[i].expected;  // the value to sleep on
-    s->addr3 = kMaskAny;
-    s->user_data = uint64_t(i) + 1;
+  if (n_fx < 0 || n_fx > kMaxFutexes || n_fds <= 0) return EINVAL;
+  fd_watch::Watch& watch = fd_watch::this_thread();
+  reap();
+  const uint32_t before = load_acquire(cq_tail_);
+  bool ready = false;
+  if (int err = watch.arm(fds, n_fds, &ready)) return err;
+  if (ready) return 0;
+  if (int err = arm_watch(watch.fd())) return err;
+  // The completion queue's tail moves when the watch's poll completes. If that happens while this thread
+  // sleeps in futex_waitv, the poll's task work (queued with TWA_SIGNAL) wakes the thread to run it; the
+  // interrupted futex_waitv restarts, finds the tail moved and returns. A completion before the sleep (a
+  // descriptor that became readable while being armed, or before) shows in the tail read here.
+  const uint32_t ctail = load_acquire(cq_tail_);
+  int rc = 0;
+  if (ctail == before) {
+    futex::WaitEntry entries[kMaxFutexes + 1];
+    std::copy(fx, fx + n_fx, entries);
+    entries[n_fx] = {reinterpret_cast<const std::atomic<uint32_t>*>(cq_tail_), ctail, false};
+    rc = futex::wait_many(entries, n_fx + 1, deadline_ns);
   }
-  for (int j = 0; j < n_fds; ++j) {
-    fds[j].revents = 0;
-    io_uring_sqe* s = sqe_at(tail++);
-    s->opcode = IORING_OP_POLL_ADD;
-    s->fd = fds[j].fd;
-    s->poll32_events = POLLIN;  // one-shot; POLLHUP and POLLERR are always reported
-    s->user_data = uint64_t(n_fx + j) + 1;
-  }
-  tail -= n;
-
-  int64_t timeout = -1;
-  if (deadline_ns != kForever) timeout = std::max<int64_t>(0, deadline_ns - now_ns());
-  int err = 0;
-  unsigned outstanding = enter(tail, n, 1, timeout, &err);
-  if (outstanding == 0) return err ? err : EAGAIN;
-  tail += outstanding;
-  // A partial submission (the kernel ran out of something) would leave sources unwatched: undo and report it.
-  const int partial = outstanding < n ? (err ? err : EAGAIN) : 0;
-
-  bool event = false;
-  int failure = 0;
-  unsigned cancels_owed = 0;
-  auto drain = [&] {
-    uint32_t head = *cq_head_;
-    const uint32_t ctail = load_acquire(cq_tail_);
-    for (; head != ctail; ++head) {
-      const io_uring_cqe& c = cqes_[head & cq_mask_];
-      if (c.user_data == kCancelTag) {
-        --cancels_owed;
-        continue;
-      }
-      --outstanding;
-      const int k = int(c.user_data) - 1;
-      const int res = c.res;
-      if (res == -ECANCELED) continue;
-      if (k < n_fx) {
-        // 0: woken; -EAGAIN: the word already differed from the expected value. Either is an event.
-        if (res == 0 || res == -EAGAIN) event = true;
-        else if (res != -EINTR) failure = -res;
-      } else if (res >= 0) {
-        fds[k - n_fx].revents = short(res);
-        event = true;
-      } else if (res == -EBADF) {
-        fds[k - n_fx].revents = POLLNVAL;  // not an open descriptor: wait_any reports it as closed
-        event = true;
-      } else {
-        failure = -res;
-      }
-    }
-    store_release(cq_head_, head);
-  };
-  drain();
-
-  // Cancel what is still armed and reap until every operation submitted above has completed.
-  while (outstanding > 0 || cancels_owed > 0) {
-    int reap_err = 0;
-    if (outstanding > 0 && cancels_owed == 0) {
-      io_uring_sqe* s = sqe_at(tail);
-      s->opcode = IORING_OP_ASYNC_CANCEL;
-      s->fd = -1;
-      s->cancel_flags = IORING_ASYNC_CANCEL_ALL | IORING_ASYNC_CANCEL_ANY;
-      s->user_data = kCancelTag;
-      unsigned taken = enter(tail, 1, outstanding + 1, kReapRetryNs, &reap_err);
-      tail += taken;
-      cancels_owed += taken;
-    } else {
-      enter(tail, 0, outstanding + cancels_owed, kReapRetryNs, &reap_err);
-    }
-    drain();
-    if (reap_err != 0 && reap_err != EINTR && reap_err != ETIME && reap_err != EAGAIN && reap_err != EBUSY) {
-      // The ring itself is unusable: nothing more will complete. Report it rather than spin.
-      return reap_err;
-    }
-  }
-
-  if (partial != 0) return partial;
-  if (failure != 0) return failure;
-  if (event) return 0;
-  if (err != 0 && err != ETIME && err != EINTR) return err;
-  return now_ns() >= deadline_ns ? ETIMEDOUT : EINTR;
+  if (load_acquire(cq_tail_) != before) watch.collect(fds, n_fds);
+  if (rc == 0) return 0;
+  return rc == ETIMEDOUT || rc == EINTR ? rc : (rc == EAGAIN ? 0 : rc);
 }
 
 struct ThreadRing {
@@ -305,8 +248,8 @@ struct Probe {
                             : "");
       return;
     }
-    if ((r.features() & IORING_FEAT_EXT_ARG) == 0) {
-      why = "io_uring without IORING_FEAT_EXT_ARG (needs Linux >= 5.11)";
+    if (!futex::wait_many_supported()) {
+      why = "futex_waitv unavailable (needs Linux >= 5.16)";
       return;
     }
     constexpr unsigned kOps = 256;
@@ -319,31 +262,37 @@ struct Probe {
     auto supported = [&](unsigned op) {
       return op <= probe->last_op && (probe->ops[op].flags & IO_URING_OP_SUPPORTED) != 0;
     };
-    if (!supported(kOpFutexWait)) {
-      why = "the kernel's io_uring lacks IORING_OP_FUTEX_WAIT (needs Linux >= 6.7)";
-      return;
-    }
-    if (!supported(IORING_OP_POLL_ADD) || !supported(IORING_OP_ASYNC_CANCEL)) {
-      why = "the kernel's io_uring lacks POLL_ADD or ASYNC_CANCEL";
+    if (!supported(IORING_OP_POLL_ADD) || !supported(IORING_OP_POLL_REMOVE)) {
+      why = "the kernel's io_uring lacks POLL_ADD or POLL_REMOVE";
       return;
     }
     why = self_test(r);
     ok = why.empty();
   }
 
-  // Three parks whose outcome is known: a readable eventfd next to a futex that stays asleep (the futex wait
-  // must be cancelled), a futex word that already changed (private, then process-shared flags) next to an idle
-  // eventfd (the poll must be cancelled). A wrong opcode, flag or field shows up as EINVAL here.
+  // Four parks whose outcome is known: a readable eventfd next to a futex that stays asleep; a futex word
+  // that already changed (private, then process-shared) next to an idle eventfd (whose poll must be
+  // removed); and an idle eventfd written by another thread while the park sleeps in futex_waitv, which must
+  // end the sleep (the task-work wake-up this park relies on). A wrong field shows up as EINVAL here.
   static std::string self_test(Ring& r) {
     int ready = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK);
     int idle = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     std::string why;
     std::atomic<uint32_t> word{1};
-    for (int step = 0; step < 3 && why.empty(); ++step) {
-      futex::WaitEntry e{&word, step == 0 ? 1u : 0u, step == 2};
+    for (int step = 0; step < 4 && why.empty(); ++step) {
+      futex::WaitEntry e{&word, step == 1 || step == 2 ? 0u : 1u, step == 2};
       pollfd p{step == 0 ? ready : idle, POLLIN, 0};
-      int rc = r.park(&e, 1, &p, 1, now_ns() + 1'000'000'000);
-      bool good = rc == 0 && (step == 0 ? (p.revents & POLLIN) != 0 : p.revents == 0);
+      std::thread writer;
+      if (step == 3) {
+        writer = std::thread([idle] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          uint64_t one = 1;
+          if (::write(idle, &one, sizeof one) != sizeof one) std::abort();
+        });
+      }
+      int rc = r.park(&e, 1, &p, 1, now_ns() + 2'000'000'000);
+      if (writer.joinable()) writer.join();
+      bool good = rc == 0 && (step == 0 || step == 3 ? (p.revents & POLLIN) != 0 : p.revents == 0);
       if (!good) {
         why = "io_uring self-test " + std::to_string(step) + " failed: " +
               (rc ? std::string(std::strerror(rc)) : "revents " + std::to_string(p.revents));

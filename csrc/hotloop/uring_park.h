@@ -1,27 +1,35 @@
-// uring_park: one kernel sleep on futex words and file descriptors together, through io_uring (Linux >= 6.7).
+// uring_park: one kernel sleep on futex words and file descriptors together, through futex_waitv and an
+// io_uring poll (Linux >= 5.16, io_uring allowed).
 //
-// Roles. wait_any's park, when a wait has both doorbells and descriptors. A park submits one
-// IORING_OP_FUTEX_WAIT per futex word (futex2 flags: 32-bit, private unless the word is process-shared;
-// expected = the value seen after announcing; any bitset) and one IORING_OP_POLL_ADD per descriptor, in one
-// io_uring_enter that also waits for the first completion or the deadline. Then it cancels the rest
-// (IORING_OP_ASYNC_CANCEL, ANY | ALL) and reaps every completion it is owed before returning, so no operation
-// survives into the next park (a futex word may be unmapped right after). A ring from another process wakes
-// it like one from this process: the kernel's futex wake finds the io_uring waiter whoever calls it.
+// Roles. wait_any's park, when a wait has both doorbells and descriptors. The thread sleeps in futex_waitv
+// on the doorbells' words plus one more: the tail of its own io_uring's completion queue. The descriptors
+// are armed in the thread's fd_watch (an epoll instance) and one one-shot IORING_OP_POLL_ADD watches that.
+// A ring from any process is a futex wake of the sleep itself, as when no descriptor is watched: nothing on
+// its path but the futex. A readable descriptor makes the watch readable, the poll completes, and its task
+// work (queued with TWA_SIGNAL, io_uring's default) wakes this thread to run it: the completion moves the
+// tail, the interrupted futex_waitv restarts, sees the moved tail and returns. Either way one wake-up of
+// this thread and no system call after it (but a poll() on the descriptor's path, to read which one).
+//
+// Why not IORING_OP_FUTEX_WAIT (6.7): a park then submits a wait per word and a poll per descriptor and
+// must cancel and reap them before returning (a word may be unmapped right after, a polled file stays open
+// while polled): a second io_uring_enter on every wake-up, ~1.2 us here beside a ~4 us futex wake-up. Here
+// nothing is submitted per park but the watch's poll after it fired, and nothing is left to cancel: the
+// poll stays armed on the thread's own epoll descriptor, which holds no reference to the caller's files.
 //
 // Thread-safety. Each thread parks on its own ring (thread_local, created at its first park, kept until the
 // thread exits; a forked child makes a fresh one and leaves the inherited copy untouched). Nothing is shared
 // between threads but the probe.
 //
-// What blocks: park(), until an event, the deadline or a signal (EINTR). Cost: two io_uring_enter calls per
-// park (submit + wait; cancel + reap), no allocation; ~32 KiB of ring memory and one descriptor per waiting thread.
+// What blocks: park(), until an event, the deadline or a signal (EINTR). Cost per park: one epoll_ctl per
+// descriptor, one io_uring_enter only after a descriptor's event (re-arming the poll), the futex_waitv; no
+// allocation. A small ring (~4 KiB) and two descriptors (the ring, the watch) per waiting thread.
 //
-// Support is probed once: io_uring_setup (refused under seccomp filters, kernel.io_uring_disabled, before
-// Linux 5.1), IORING_REGISTER_PROBE for the opcodes, then a real park on a private word and an eventfd that
-// must complete as expected (which also checks the SQE field mapping below against the running kernel).
+// Support is probed once: io_uring_setup (refused under seccomp filters such as container runtimes' default,
+// kernel.io_uring_disabled, before Linux 5.1), futex_waitv, IORING_REGISTER_PROBE for the opcodes, then real
+// parks with known outcomes, one of them woken by another thread's write while asleep (which checks the
+// task-work wake-up on the running kernel).
 //
-// Raw system calls, not liburing: the distribution's liburing (2.3 on Debian bookworm) predates the futex
-// operations (2.5) and its kernel headers (6.1) predate IORING_OP_FUTEX_WAIT (6.7), so the opcode and futex2
-// flags are defined in uring_park.cpp from the upstream uapi headers; the three system calls need no library.
+// Raw system calls, not liburing: three calls and one opcode, no library needed.
 #pragma once
 
 #include <poll.h>
@@ -42,9 +50,9 @@ int prepare() noexcept;
 
 // Sleeps until a futex word differs from its expected value or is woken, a descriptor is readable (or hung
 // up, in error), the deadline (absolute CLOCK_MONOTONIC ns, kForever: none) or a signal. Fills fds[i].revents
-// from the completions (POLLNVAL for a descriptor that was not open). Returns 0 when an event ended it,
-// ETIMEDOUT, EINTR, or another errno when the ring failed (EFAULT: a futex word is not mapped). Every
-// operation it started has completed when it returns. At most 64 futexes + 64 descriptors.
+// after a descriptor's event (POLLNVAL for one that was not open). Returns 0 when an event ended it (or
+// possibly none: the caller re-checks its sources), ETIMEDOUT, EINTR, or another errno when the park failed
+// (EFAULT: a futex word is not mapped). No futex wait outlives it. At most 64 futexes + 64 descriptors.
 int park(const futex::WaitEntry* futexes, int n_futexes, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept;
 
 }  // namespace hotloop::uring_park

@@ -7,32 +7,27 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <ctime>
 #include <system_error>
 #include <thread>
 
 #include "hotloop/clock.h"
+#include "hotloop/fd_watch.h"
 
 namespace hotloop::waker_thread {
 namespace {
 
 constexpr int kMaxFutexes = 64;
-// How long a waiter spins for the helper to finish a job it has already finished in all but its last store
-// (a doorbell woke it: it wrote the eventfd, then marks itself idle): a few hundred ns; 20 us bounds it
-// before the waiter sleeps on the futex instead (the helper was descheduled).
-constexpr int64_t kIdleSpinNs = 20'000;
 
-// The job handed from a waiting thread to its helper. Written by the waiter only while the helper is idle
-// (done == job), published by the release increment of `job`.
+// A waiting thread's helper: while armed, it sleeps in poll() on the thread's fd_watch; when that becomes
+// readable it bumps `word` (the waiter's futex_waitv holds it) and wakes it, and is idle until armed again.
 struct Helper {
-  std::atomic<uint32_t> job{0};   // bumped by the waiter: a new job (or quit); the helper sleeps on it when idle
-  std::atomic<uint32_t> done{0};  // set to `job` by the helper when it finished that job; the waiter sleeps on it
-  std::atomic<uint32_t> stop{0};  // bumped by the waiter to end the helper's futex_waitv (the last entry)
-  std::atomic<bool> quit{false};
+  std::atomic<uint32_t> word{0};     // bumped when the watch became readable; the waiter sleeps on it
+  std::atomic<uint32_t> armed{0};    // bumped by the waiter to arm the helper (or make it quit)
+  std::atomic<uint32_t> fired{0};    // set to `armed` by the helper when that arming has fired
   std::atomic<uint32_t> started{0};  // set by the helper once it runs: its start-up (allocations included) is over
-  std::atomic<int> n{0};
-  futex::WaitEntry entries[kMaxFutexes + 1];
-  int efd = -1;
+  std::atomic<bool> quit{false};
+  int watch_fd = -1;  // the waiting thread's fd_watch; set before the first arming
+  int quit_fd = -1;   // an eventfd written to end the helper's poll when the thread exits
   pid_t pid = 0;
   std::thread thread;
 
@@ -41,38 +36,22 @@ struct Helper {
     futex::wake(&started, 1, false);
     uint32_t seen = 0;
     for (;;) {
-      uint32_t j = job.load(std::memory_order_acquire);
-      if (j == seen) {
-        futex::wait(&job, seen, false, kForever);
+      const uint32_t a = armed.load(std::memory_order_acquire);
+      if (a == seen) {
+        futex::wait(&armed, seen, false, kForever);
         continue;
       }
-      seen = j;
-      if (!quit.load(std::memory_order_acquire)) {
-        const int count = n.load(std::memory_order_relaxed);
-        const uint32_t stop_seen = entries[count - 1].expected;
-        futex::wait_many(entries, count, kForever);
-        // Returned because a doorbell's word changed (not because the waiter stopped it): wake the waiter.
-        if (stop.load(std::memory_order_acquire) == stop_seen) {
-          uint64_t one = 1;
-          // An eventfd write fails only when the counter would overflow; the waiter drains it every park.
-          [[maybe_unused]] ssize_t w = ::write(efd, &one, sizeof one);
-        }
-      }
-      done.store(j, std::memory_order_release);
-      futex::wake(&done, 1, false);
+      seen = a;
       if (quit.load(std::memory_order_acquire)) return;
+      pollfd p[2] = {{watch_fd, POLLIN, 0}, {quit_fd, POLLIN, 0}};
+      int rc;
+      do rc = ::poll(p, 2, -1);
+      while (rc < 0 && errno == EINTR);
+      if (quit.load(std::memory_order_acquire)) return;
+      fired.store(a, std::memory_order_release);
+      word.fetch_add(1, std::memory_order_release);
+      futex::wake(&word, 1, false);
     }
-  }
-
-  // Waits until the helper finished job `j`.
-  void wait_idle(uint32_t j) noexcept {
-    const int64_t spin_end = now_ns() + kIdleSpinNs;
-    uint32_t d;
-    for (int i = 0; (d = done.load(std::memory_order_acquire)) != j; ++i) {
-      if ((i & 63) == 63 && now_ns() >= spin_end) break;
-      cpu_relax();
-    }
-    while ((d = done.load(std::memory_order_acquire)) != j) futex::wait(&done, d, false, kForever);
   }
 };
 
@@ -82,10 +61,12 @@ struct ThreadHelper {
     // In a forked child the helper thread does not exist: the object is left as it is (a few hundred bytes).
     if (h == nullptr || h->pid != getpid()) return;
     h->quit.store(true, std::memory_order_release);
-    h->job.fetch_add(1, std::memory_order_release);
-    futex::wake(&h->job, 1, false);
+    h->armed.fetch_add(1, std::memory_order_release);
+    futex::wake(&h->armed, 1, false);
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = ::write(h->quit_fd, &one, sizeof one);
     h->thread.join();
-    ::close(h->efd);
+    ::close(h->quit_fd);
     delete h;
   }
 };
@@ -97,8 +78,8 @@ Helper* thread_helper(int* err) noexcept {
   t_helper.h = nullptr;  // a forked child's copy of its parent's helper stays unused
   auto* h = new (std::nothrow) Helper();
   if (h == nullptr) return *err = ENOMEM, nullptr;
-  h->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (h->efd < 0) {
+  h->quit_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (h->quit_fd < 0) {
     *err = errno;
     delete h;
     return nullptr;
@@ -115,7 +96,7 @@ Helper* thread_helper(int* err) noexcept {
   }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (!h->thread.joinable()) {
-    ::close(h->efd);
+    ::close(h->quit_fd);
     delete h;
     return nullptr;
   }
@@ -135,44 +116,32 @@ int prepare() noexcept {
 }
 
 int park(const futex::WaitEntry* futexes, int n_futexes, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept {
-  if (n_futexes < 1 || n_futexes > kMaxFutexes || n_fds < 0) return EINVAL;
+  if (n_futexes < 0 || n_futexes > kMaxFutexes || n_fds <= 0) return EINVAL;
   int err = 0;
   Helper* h = thread_helper(&err);
   if (h == nullptr) return err;
+  fd_watch::Watch& watch = fd_watch::this_thread();
 
-  std::copy(futexes, futexes + n_futexes, h->entries);
-  const uint32_t stop_seen = h->stop.load(std::memory_order_relaxed);
-  h->entries[n_futexes] = futex::WaitEntry{&h->stop, stop_seen, false};
-  h->n.store(n_futexes + 1, std::memory_order_relaxed);
-  const uint32_t j = h->job.fetch_add(1, std::memory_order_release) + 1;
-  futex::wake(&h->job, 1, false);
-
-  fds[n_fds] = pollfd{h->efd, POLLIN, 0};
-  timespec ts;
-  const timespec* tp = nullptr;
-  if (deadline_ns != kForever) {
-    int64_t left = std::max<int64_t>(0, deadline_ns - now_ns());
-    ts = timespec{time_t(left / 1'000'000'000), long(left % 1'000'000'000)};
-    tp = &ts;
+  // Read before arming: a firing of the helper from here on changes the word, so futex_waitv cannot sleep
+  // through it; one from an earlier arming shows as a change too (a spurious return, re-checked by the caller).
+  const uint32_t seen = h->word.load(std::memory_order_acquire);
+  bool ready = false;
+  if (int e = watch.arm(fds, n_fds, &ready)) return e;
+  if (ready) return 0;
+  // Arm the helper unless it is still armed from an earlier park (a doorbell ended that one).
+  const uint32_t a = h->armed.load(std::memory_order_relaxed);
+  if (h->fired.load(std::memory_order_acquire) == a) {
+    h->watch_fd = watch.fd();  // read by the helper after the release below
+    h->armed.store(a + 1, std::memory_order_release);
+    futex::wake(&h->armed, 1, false);
   }
-  const int rc = ::ppoll(fds, nfds_t(n_fds + 1), tp, nullptr);
-  const int poll_err = rc < 0 ? errno : 0;
-  const bool helper_fired = rc > 0 && (fds[n_fds].revents & POLLIN) != 0;
-
-  // End the helper's job: a doorbell that woke us already ended it; otherwise stop its futex_waitv.
-  if (h->done.load(std::memory_order_acquire) != j) {
-    if (!helper_fired) {
-      h->stop.fetch_add(1, std::memory_order_release);
-      futex::wake(&h->stop, 1, false);
-    }
-    h->wait_idle(j);
-  }
-  uint64_t drained;
-  [[maybe_unused]] ssize_t r = ::read(h->efd, &drained, sizeof drained);  // EAGAIN when it was not written
-
-  if (rc > 0) return 0;
-  if (rc == 0) return ETIMEDOUT;
-  return poll_err;
+  futex::WaitEntry entries[kMaxFutexes + 1];
+  std::copy(futexes, futexes + n_futexes, entries);
+  entries[n_futexes] = {&h->word, seen, false};
+  const int rc = futex::wait_many(entries, n_futexes + 1, deadline_ns);
+  if (h->word.load(std::memory_order_acquire) != seen) watch.collect(fds, n_fds);
+  if (rc == 0 || rc == EAGAIN) return 0;
+  return rc;
 }
 
 }  // namespace hotloop::waker_thread

@@ -1,21 +1,21 @@
-// waker_thread: one sleep on futex words and file descriptors together where io_uring cannot do it.
+// waker_thread: one sleep on futex words and file descriptors together where io_uring is refused.
 //
-// Roles. wait_any's park, when a wait has both doorbells and descriptors, on kernels without
-// IORING_OP_FUTEX_WAIT (before 6.7) or where io_uring is refused (seccomp, kernel.io_uring_disabled). The
-// waiting thread sleeps in ppoll on its descriptors plus a private eventfd; a helper thread sleeps in
-// futex_waitv on the futex words plus a private "stop" word, and writes the eventfd when it returns because
-// a word changed. So a ring from any process (the futex wake reaches the helper) or a readable descriptor
-// (it reaches ppoll) ends the park within microseconds. Before returning, the waiter stops the helper (bumps
-// the stop word, unless a doorbell already ended its wait) and waits until the helper is idle again: no
-// futex wait outlives the park (a futex word may be unmapped right after), and the eventfd is drained.
+// Roles. wait_any's park, when a wait has both doorbells and descriptors and io_uring cannot be used
+// (seccomp filters such as container runtimes' default, kernel.io_uring_disabled). The waiting thread sleeps
+// in futex_waitv on the doorbells' words plus its helper's word; its descriptors are armed in the thread's
+// fd_watch (an epoll instance), and a helper thread, while armed, sleeps in poll() on that watch. A ring
+// from any process wakes the waiter directly (a futex wake: nothing else on its path). A readable descriptor
+// wakes the helper, which bumps its word and wakes the waiter (two wake-ups: helper, then waiter), then
+// stays idle until a park arms it again. A doorbell's wake-up leaves the helper armed for the next park, so
+// nothing is stopped or drained on that path; the helper watches only the thread's own epoll descriptor, which
+// holds no reference to the caller's files.
 //
 // Thread-safety. One helper per waiting thread, created at that thread's first park here and reused until
 // the thread exits (then stopped and joined); it blocks every signal. A forked child starts its own helper.
 //
-// What blocks: park(), until an event, the deadline or a signal (EINTR). Cost per park: a futex wake to hand
-// the helper its job; a doorbell's wake-up costs two context switches (helper, then waiter) instead of one
-// (~5 us each on bare metal, ~30 us on small VMs); a descriptor's wake-up adds a stop round trip to the
-// helper before the wait returns. One thread (its stack) and one eventfd per waiting thread.
+// What blocks: park(), until an event, the deadline or a signal (EINTR). Cost per park: one epoll_ctl per
+// descriptor; a futex wake to arm the helper after it fired. One thread (its stack) and one eventfd per
+// waiting thread (to end the helper's poll at exit), plus the watch.
 //
 // Needs futex_waitv (Linux >= 5.16); without it, wait_any keeps its sliced park (see wait_any.h).
 #pragma once
@@ -36,9 +36,10 @@ bool available() noexcept;
 int prepare() noexcept;
 
 // Sleeps until a futex word differs from its expected value or is woken, a descriptor is readable (or hung
-// up, in error), the deadline (absolute CLOCK_MONOTONIC ns, kForever: none) or a signal. `fds` must have room
-// for n_fds + 1 entries (the eventfd goes last); fds[0..n_fds) get their revents. Returns 0 when an event
-// ended it, ETIMEDOUT, EINTR, or an errno when the helper could not be started. At most 64 futexes.
+// up, in error), the deadline (absolute CLOCK_MONOTONIC ns, kForever: none) or a signal. Fills fds[i].revents
+// after a descriptor's event. Returns 0 when an event ended it (or possibly none: the caller re-checks its
+// sources), ETIMEDOUT, EINTR, or an errno when the helper could not be started. At most 64 futexes and 64
+// descriptors.
 int park(const futex::WaitEntry* futexes, int n_futexes, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept;
 
 }  // namespace hotloop::waker_thread

@@ -3,6 +3,7 @@
 // readable descriptor wakes it, no wake-up is lost under ping-pong (between processes and between threads),
 // nothing stays armed after a park, closed descriptors and hooks still end the wait.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -335,6 +336,60 @@ TEST_P(ParkBackends, DescriptorClosedBetweenParksRaisesAtOnce) {
   int64_t t0 = now_ns();
   EXPECT_THROW(wait_any(s, 2, 5'000 * kMs, park_at_once_, &hooks), SourceError);
   EXPECT_LT(now_ns() - t0, 500 * kMs);
+}
+
+// The park's watch keeps descriptors registered between parks; a number closed and reused for another file
+// (the old file kept alive by a dup, so its registration stays) must be watched afresh, not slept through.
+TEST_P(ParkBackends, ADescriptorNumberReusedForAnotherFileIsWatchedAfresh) {
+  Flag flag;
+  SocketPair first;
+  const int number = first.a;
+  {
+    FdSource fd(number);
+    Source* s[] = {&flag, &fd};
+    EXPECT_EQ(wait_any(s, 2, 5 * kMs, park_at_once_), 0u);  // a park that watched `number`
+  }
+  const int keep = ::dup(first.a);  // the first file lives on under another number
+  ASSERT_GE(keep, 0);
+  SocketPair second;
+  ASSERT_EQ(::dup2(second.a, number), number);  // `number` now names the second socket
+  ::close(second.a);
+  second.a = number;
+  first.a = -1;
+  FdSource fd(number);
+  Source* s[] = {&flag, &fd};
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(::write(second.b, "y", 1), 1);
+  });
+  WaitStats st;
+  EXPECT_EQ(wait_any(s, 2, 5'000 * kMs, park_at_once_, nullptr, &st), 2u);
+  writer.join();
+  EXPECT_EQ(st.safety_wakeups, 0u) << "the new file's data was found by the 1 s safety re-check, not watched";
+  ::close(keep);
+}
+
+// A park that ended on a doorbell leaves its descriptors watched for the next park: that must not hold the
+// caller's file open. Closing the socket right after the wait ends the connection at once.
+TEST_P(ParkBackends, AParkKeepsNoReferenceToAWatchedSocket) {
+  Flag flag;
+  SocketPair sp;
+  {
+    FdSource fd(sp.a);
+    Source* s[] = {&flag, &fd};
+    std::thread ringer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      flag.set();
+    });
+    EXPECT_EQ(wait_any(s, 2, 5'000 * kMs, park_at_once_), 1u);
+    ringer.join();
+  }
+  ::close(sp.a);
+  sp.a = -1;
+  pollfd p{sp.b, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 1'000), 1) << "the peer did not see the close: something still holds the socket";
+  char c;
+  EXPECT_EQ(::read(sp.b, &c, 1), 0);
 }
 
 TEST_P(ParkBackends, HookSlicesStillInterruptAMixedWait) {

@@ -1,0 +1,59 @@
+// fd_watch: the descriptors of a mixed park, watched by one epoll instance per waiting thread.
+//
+// Roles. The two park backends of waits over doorbells and descriptors together (uring_park, waker_thread)
+// both sleep in futex_waitv on the doorbells' words plus one word of their own, and turn "this thread's epoll
+// instance became readable" into a change of that word. The watch is that epoll instance. A park arms its
+// descriptors (EPOLL_CTL_MOD, ADD the first time, DEL for those an earlier park watched and this one does
+// not); after a wake-up that came from the watch, collect() reads which descriptors are ready (poll with no
+// timeout). A doorbell's wake-up touches nothing here: the registrations stay for the next park.
+//
+// Why epoll: it holds no reference to a watched file (closing a file's last descriptor drops it from the
+// set), so a caller's socket never stays open because a park watched it; and a descriptor number reused for
+// another file is noticed (MOD fails with ENOENT for the new file) and added again, never waited on stale.
+//
+// Thread-safety. One Watch per thread (this_thread()), created at its first park and closed when the thread
+// exits; a forked child makes its own and leaves the inherited copy untouched (the epoll instance is shared
+// with the parent through fork, so the child must not change it).
+//
+// What blocks: nothing. Cost per park: one epoll_ctl per descriptor (before the sleep, never on the wake-up
+// path); one poll after a descriptor's wake-up. One descriptor per waiting thread.
+#pragma once
+
+#include <poll.h>
+#include <sys/types.h>
+
+namespace hotloop::fd_watch {
+
+constexpr int kMaxFds = 64;
+
+class Watch {
+ public:
+  Watch() = default;
+  Watch(const Watch&) = delete;
+  Watch& operator=(const Watch&) = delete;
+  ~Watch();
+
+  // The epoll descriptor (after arm() succeeded once in this process).
+  int fd() const noexcept { return epfd_; }
+
+  // Watches fds[0..n) for POLLIN (hang-up and error are always reported) and nothing else. Returns 0 or an
+  // errno (EINVAL: n > kMaxFds). Sets *ready, with revents filled, when a descriptor needs no sleep: one that
+  // is not open (POLLNVAL), or a file epoll cannot watch (regular files: always readable, POLLIN).
+  int arm(pollfd* fds, int n, bool* ready) noexcept;
+
+  // Fills fds[0..n).revents with their state now; returns whether any is ready.
+  bool collect(pollfd* fds, int n) noexcept;
+
+ private:
+  int open() noexcept;
+
+  int epfd_ = -1;
+  pid_t pid_ = 0;
+  int watched_[kMaxFds];
+  int n_watched_ = 0;
+};
+
+// The calling thread's watch.
+Watch& this_thread() noexcept;
+
+}  // namespace hotloop::fd_watch
