@@ -234,7 +234,7 @@ BACKENDS = {"uring": "io_uring", "fallback": "futex_waitv helper"}
 
 @pytest.fixture(scope="module", autouse=True)
 def _park_resources_of_this_thread():
-    """Each backend keeps per-thread resources (a ring; a helper thread and an eventfd) for the thread's life:
+    """Each backend keeps per-thread resources (a ring; a helper thread and an eventfd; an epoll watch) for the thread's life:
     set them up before the per-test leak check takes its snapshot."""
     for name in BACKENDS:
         _core.set_park_backend(name)

@@ -11,7 +11,7 @@ Watch::~Watch() {
   if (epfd_ >= 0 && pid_ == getpid()) ::close(epfd_);
 }
 
-int Watch::open() noexcept {
+int Watch::prepare() noexcept {
   if (epfd_ >= 0 && pid_ == getpid()) return 0;
   // A forked child's copy names its parent's epoll instance (shared through fork), or a number the child has
   // reused since: forget it without closing it.
@@ -25,7 +25,7 @@ int Watch::open() noexcept {
 int Watch::arm(pollfd* fds, int n, bool* ready) noexcept {
   *ready = false;
   if (n < 0 || n > kMaxFds) return EINVAL;
-  if (int err = open()) return err;
+  if (int err = prepare()) return err;
   int now[kMaxFds];
   int n_now = 0;
   for (int i = 0; i < n; ++i) {

@@ -33,7 +33,10 @@ class Watch {
   Watch& operator=(const Watch&) = delete;
   ~Watch();
 
-  // The epoll descriptor (after arm() succeeded once in this process).
+  // Creates the epoll instance now (arm() does it on first use). Returns 0 or an errno.
+  int prepare() noexcept;
+
+  // The epoll descriptor (after prepare() or arm() succeeded in this process).
   int fd() const noexcept { return epfd_; }
 
   // Watches fds[0..n) for POLLIN (hang-up and error are always reported) and nothing else. Returns 0 or an
@@ -45,8 +48,6 @@ class Watch {
   bool collect(pollfd* fds, int n) noexcept;
 
  private:
-  int open() noexcept;
-
   int epfd_ = -1;
   pid_t pid_ = 0;
   int watched_[kMaxFds];

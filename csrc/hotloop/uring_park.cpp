@@ -318,6 +318,7 @@ const char* unavailable_reason() noexcept { return probe().why.c_str(); }
 int prepare() noexcept {
   Ring& r = t_ring.ring;
   if (r.is_open() && !r.owned_by_this_process()) r.abandon();  // a forked child must not share its parent's ring
+  if (int err = fd_watch::this_thread().prepare()) return err;
   return r.is_open() ? 0 : r.open();
 }
 

@@ -10,10 +10,10 @@
 // then yield, for the policy's budgets; then park: announce on every doorbell, re-check, and sleep in
 // futex_wait (one doorbell), futex_waitv (several), ppoll (descriptors only), or, when doorbells and
 // descriptors are mixed, in the park backend chosen at run time (park_backend()):
-//  - "io_uring" (Linux >= 6.7): one io_uring_enter over a futex wait per doorbell and a poll per descriptor
-//    (uring_park.h);
-//  - "futex_waitv helper" (Linux >= 5.16): ppoll on the descriptors while a per-thread helper sleeps in
-//    futex_waitv on the doorbells (waker_thread.h);
+//  - "io_uring" (Linux >= 5.16): futex_waitv on the doorbells plus the tail of the thread's io_uring, whose
+//    one poll on the thread's epoll watch of the descriptors completes when one is ready (uring_park.h);
+//  - "futex_waitv helper" (Linux >= 5.16, io_uring refused): futex_waitv on the doorbells plus a word that a
+//    per-thread helper polling that watch bumps (waker_thread.h);
 //  - "sliced" (older kernels): ppoll over the descriptors plus an eventfd that doorbells write to. The eventfd
 //    registry is process-local, so a ring from another process is noticed only at the end of a 100 ms slice.
 // The first two wake within microseconds of either kind of event, whichever process rings. Wake-ups cannot
@@ -25,7 +25,7 @@
 // there). A signal ends a park at once (EINTR), so on_slice runs then too.
 //
 // Closed descriptors. One that is not open when a park starts throws SourceError at once. One closed while the
-// kernel watches it wakes nothing (the kernel holds the file open until the wait ends), so descriptors are
+// kernel watches it wakes nothing, so descriptors are
 // re-validated after every park that ended without an event, and parks over descriptors last at most
 // kFdSafetyNs (1 s; "sliced" mixed waits: 100 ms): such a close throws SourceError within about a second
 // (within hooks->slice_ns with hooks). A park ended by that safety timeout is counted in

@@ -112,7 +112,8 @@ bool available() noexcept { return futex::wait_many_supported(); }
 
 int prepare() noexcept {
   int err = 0;
-  return thread_helper(&err) != nullptr ? 0 : err;
+  if (thread_helper(&err) == nullptr) return err;
+  return fd_watch::this_thread().prepare();
 }
 
 int park(const futex::WaitEntry* futexes, int n_futexes, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept {

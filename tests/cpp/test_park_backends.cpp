@@ -292,7 +292,10 @@ TEST_P(ParkBackends, NoLostWakeUpInAThreadPingPongWithADescriptor) {
 }
 
 TEST_P(ParkBackends, DescriptorClosedWhileWaitedOnRaisesAfterTheSafetyTimeout) {
-  // The kernel keeps a watched file open, so the close wakes nothing: the 1 s safety timeout notices it.
+  // Closing a descriptor that another thread is waiting on is a race by definition (the misuse this test is
+  // about): ThreadSanitizer reports the close against the park's epoll_ctl on it. Release and ASan cover it.
+  if (test::under_tsan()) GTEST_SKIP() << "closes a descriptor another thread waits on (a race by design)";
+  // The close wakes nothing: the 1 s safety timeout notices it.
   SocketPair sp;
   FdSource fd(sp.a);
   Flag flag;

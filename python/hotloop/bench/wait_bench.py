@@ -20,9 +20,11 @@ Three parts, all baselines in the same run:
     (it answers each request byte on a pipe with a timestamped message 2 ms later, so the waiter has parked)
     read through a ``Waiter`` (default policy) that waits on the reader alone, or on the reader plus an idle
     socket with each park backend: io_uring, the futex_waitv helper, and the sliced park these replace (its
-    100 ms re-check is the only thing that notices a ring from another process). Modes are interleaved round
-    by round in the same run. Reported: wake latency, message stamped -> C++ wait returned (p50/p99), and ->
-    back in Python; the p50 ratio to the reader alone; parks ended by the descriptor safety timeout.
+    100 ms re-check is the only thing that notices a ring from another process). Socket rows: the same writer
+    writes the stamp to the socket instead, and the waiter waits on the socket alone or on the socket plus the
+    reader. Modes are interleaved round by round in the same run. Reported: wake latency, stamp -> C++ wait
+    returned (p50/p99), and -> back in Python; the p50 ratio to the same event's source waited on alone; parks
+    ended by the descriptor safety timeout.
 (e) where waits end under periodic traffic: a C++ thread sets a Flag every 0.1 ms or 2 ms; a ``Waiter`` with
     the default fixed policy or an adaptive one takes each set. Reported from the Waiter's own metrics
     (``Waiter.stats``): the share of waits that ended spinning, yielding and parked, the time spent in each
@@ -269,23 +271,33 @@ def put_latency(n, period, progress):
 
 # ---- (d) one park for a cross-process reader and a socket ---------------------------------------------------------
 
-# (label, park backend request or None for a wait without descriptors, whether the socket is in the wait set)
+# (label, park backend request or None for a wait of one kind, the wait set, what the writer process does:
+# "ring" enqueues the stamp on the shared-memory queue, "socket" writes it to the socket)
 CROSS_MODES = [
-    ("reader alone", None, False),
-    ("reader + socket", "uring", True),
-    ("reader + socket", "fallback", True),
-    ("reader + socket", "sliced", True),
+    ("reader alone", None, "reader", "ring"),
+    ("reader + socket", "uring", "both", "ring"),
+    ("reader + socket", "fallback", "both", "ring"),
+    ("reader + socket", "sliced", "both", "ring"),
+    ("socket alone", None, "socket", "socket"),
+    ("socket + reader", "uring", "both", "socket"),
+    ("socket + reader", "fallback", "both", "socket"),
 ]
 CROSS_DELAY_S = 0.002
 
 
-def _stamp_on_request(go_r, writer, n, delay):
-    """The writer process: for each byte on go_r, wait `delay`, then enqueue CLOCK_MONOTONIC ns."""
+def _stamp_on_request(go_r, writer, sock, n, delay):
+    """The writer process: for each byte on go_r, wait `delay`, then send CLOCK_MONOTONIC ns: enqueued on the
+    queue for b"g", written to the socket for b"s"."""
     for _ in range(n):
-        if not os.read(go_r, 1):
+        what = os.read(go_r, 1)
+        if not what:
             break
         time.sleep(delay)  # load generator pacing: the waiter parks meanwhile
-        writer.enqueue_bytes(struct.pack("q", time.monotonic_ns()))
+        stamp = struct.pack("q", time.monotonic_ns())
+        if what == b"s":
+            sock.sendall(stamp)
+        else:
+            writer.enqueue_bytes(stamp)
     os._exit(0)
 
 
@@ -296,28 +308,31 @@ def cross_process(rounds, sliced_rounds, progress):
 
     saved = _core.park_backend()["backend"]
     modes = []
-    for label, request, with_socket in CROSS_MODES:
-        backend = _core.set_park_backend(request)["backend"] if request else "futex (no descriptor)"
-        modes.append({"label": label, "request": request, "socket": with_socket, "backend": backend,
+    for label, request, wait_set, event in CROSS_MODES:
+        if request:
+            backend = _core.set_park_backend(request)["backend"]
+        else:
+            backend = "futex (no descriptor)" if wait_set == "reader" else "ppoll (no doorbell)"
+        modes.append({"label": label, "request": request, "set": wait_set, "event": event, "backend": backend,
                       "rounds": sliced_rounds if request == "sliced" else rounds})
     # A request that fell back to another backend duplicates that backend's row: keep the first.
     seen, unique = set(), []
     for m in modes:
-        if (m["socket"], m["backend"]) not in seen:
-            seen.add((m["socket"], m["backend"]))
+        if (m["set"], m["event"], m["backend"]) not in seen:
+            seen.add((m["set"], m["event"], m["backend"]))
             unique.append(m)
     modes = unique
     total = sum(m["rounds"] for m in modes)
     q = MessageQueue(1)
     go_r, go_w = os.pipe()
-    child = mp.get_context("fork").Process(target=_stamp_on_request, args=(go_r, q, total, CROSS_DELAY_S))
+    a, b = socket.socketpair()
+    child = mp.get_context("fork").Process(target=_stamp_on_request, args=(go_r, q, b, total, CROSS_DELAY_S))
     child.start()
     reader = MessageQueue.create_from_handle(q.export_handle(), 0)
-    a, b = socket.socketpair()
     try:
         q.wait_until_ready(30)
         for m in modes:
-            m["waiter"] = hotloop.Waiter([reader, a] if m["socket"] else [reader])
+            m["waiter"] = hotloop.Waiter({"reader": [reader], "socket": [a], "both": [reader, a]}[m["set"]])
             m["wake_ns"], m["react_ns"], m["phases"] = [], [], collections.Counter()
         for i in range(max(m["rounds"] for m in modes)):
             for m in modes:  # interleaved, so drift hits every mode alike
@@ -326,12 +341,14 @@ def cross_process(rounds, sliced_rounds, progress):
                 if m["request"]:
                     _core.set_park_backend(m["request"])
                 w = m["waiter"]
-                os.write(go_w, b"g")
+                by_socket = m["event"] == "socket"
+                os.write(go_w, b"s" if by_socket else b"g")
                 ready = w.wait(timeout=5)
                 back = time.monotonic_ns()
-                if reader not in ready:
+                if (a if by_socket else reader) not in ready:
                     raise RuntimeError(f"cross-process bench: {m['label']} ({m['backend']}) did not wake in 5 s")
-                (sent,) = struct.unpack("q", reader.dequeue_bytes(timeout=1))
+                (sent,) = struct.unpack("q", a.recv(8, socket.MSG_WAITALL) if by_socket
+                                        else reader.dequeue_bytes(timeout=1))
                 m["wake_ns"].append(w.last_wake_ns - sent)
                 m["react_ns"].append(back - sent)
                 m["phases"][w.last_phase] += 1
@@ -349,7 +366,7 @@ def cross_process(rounds, sliced_rounds, progress):
         reader.close()
         q.close()
         _core.set_park_backend({"io_uring": "uring", "futex_waitv helper": "fallback"}.get(saved, saved))
-    base = percentile(modes[0]["wake_ns"], 50)
+    base = {m["event"]: percentile(m["wake_ns"], 50) for m in modes if m["set"] != "both"}
     out = {}
     for m in modes:
         name = f"{m['label']} [{m['backend']}]"
@@ -358,7 +375,8 @@ def cross_process(rounds, sliced_rounds, progress):
             "backend": m["backend"],
             "wake": summarize_us(m["wake_ns"]),
             "reaction": summarize_us(m["react_ns"]),
-            "p50_ratio_to_reader_alone": p50 / base if base else math.nan,
+            "event": m["event"],
+            "p50_ratio_to_alone": p50 / base[m["event"]] if base.get(m["event"]) else math.nan,
             "safety_wakeups": m["waiter"].safety_wakeups,
             "parked_pct": 100.0 * m["phases"]["park"] / max(1, sum(m["phases"].values())),
             "ended": metrics.wait_split(m["waiter"].stats),
@@ -476,17 +494,19 @@ def render(d: dict) -> str:
         cp = d["cross_process"]
         parts.append(table(
             f"(d) one park for a cross-process shared-memory reader and a socket: the writer process stamps a message "
-            f"{m['cross_delay_ms']:.0f} ms after each request; {m['cross_rounds']} rounds per mode "
+            f"{m['cross_delay_ms']:.0f} ms after each request, on the queue (reader rows) or the socket (socket rows); "
+            f"{m['cross_rounds']} rounds per mode "
             f"({m['cross_sliced_rounds']} for sliced), modes interleaved; wake = stamp -> C++ wait returned, "
             f"reaction = stamp -> back in Python (p50/p99 over all rounds)",
             ["waiter [park backend]", "wake p50 us", "wake p99 us", "react p50 us", "react p99 us", "p50 / alone",
              "safety wake-ups", "spin/yield/park %"],
             [[k, v["wake"]["p50_us"], v["wake"]["p99_us"], v["reaction"]["p50_us"], v["reaction"]["p99_us"],
-              f"{v['p50_ratio_to_reader_alone']:.2f}x", v["safety_wakeups"], _split_cell(v["ended"])]
+              f"{v['p50_ratio_to_alone']:.2f}x", v["safety_wakeups"], _split_cell(v["ended"])]
              for k, v in cp.items()],
             note=("    goal: reader + socket p50 <= 1.2x the reader alone with io_uring and the futex_waitv helper, "
                   "and 0 safety wake-ups (the 1 s descriptor check never fires while events flow); 'sliced' is the park "
-                  f"these replace. Backend in use: {m['park_backend']['backend']}"
+                  "these replace. The socket rows show what the socket's own wake-up pays in the same park "
+                  f"(ratio to the socket alone). Backend in use: {m['park_backend']['backend']}"
                   + (f" ({m['park_backend']['reason']})" if m["park_backend"]["reason"] else "")),
         ))
     if "periodic_split" in d:
