@@ -130,6 +130,35 @@ def test_tensors_and_arrays_round_trip_and_do_not_alias_the_ring():
         r.close()
 
 
+def test_object_path_round_trips_every_kind_of_message_in_order(backend):
+    """The object path pickles and writes in one call and unpickles in ring memory: falsy objects (None is a
+    message, not a timeout), a pickle spanning several records, out-of-band buffers between bare pickles, a
+    corrupt message (a clear error, and the next message intact), all in order."""
+    big = list(range(CHUNK // 2))  # a bare pickle larger than one record (~24 KiB), smaller than the ring
+    oob = pickle.PickleBuffer(bytearray(b"b" * 5000))
+    messages = [None, 0, False, "", (), {"k": [1, 2.5, "x"]}, big, {"buf": oob}, b"tail", [oob]]  # 2 with buffers
+    with _queue(backend) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.wait_until_ready(30)
+        for m in messages[:3]:
+            q.enqueue(m)
+        q.enqueue_bytes(b"\x80\x05garbage that is not a pickle")
+        for m in messages[3:]:
+            if m == b"tail":  # a pickling error between two messages with buffers loses nothing
+                with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+                    q.enqueue([oob, lambda: 1])
+            q.enqueue(m, timeout=30)
+        assert [r.dequeue(timeout=30) for _ in range(3)] == [None, 0, False]
+        with pytest.raises(ValueError, match="corrupt message"):
+            r.dequeue(timeout=30)
+        got = [r.dequeue(timeout=30) for _ in range(len(messages) - 3)]
+        assert got[:4] == ["", (), {"k": [1, 2.5, "x"]}, big]
+        assert bytes(got[4]["buf"]) == b"b" * 5000 and got[5] == b"tail" and bytes(got[6][0]) == b"b" * 5000
+        with pytest.raises(TimeoutError):
+            r.dequeue(timeout=0.01)
+        r.close()
+
+
 def test_bytes_path_and_zero_copy_view():
     with MessageQueue(1, max_chunk_bytes=CHUNK) as q:
         r = MessageQueue.create_from_handle(q.export_handle(), 0)

@@ -22,6 +22,8 @@ namespace {
 using namespace nb::literals;
 using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::memview>;
 
+constexpr uint8_t kPickleProto = 0x80;  // pickle's PROTO opcode: the first byte of every protocol >= 2 pickle
+
 // A writable memoryview owning `b` (no copy).
 nb::object to_python(OwnedBytes&& b) {
   auto* owned = new OwnedBytes(std::move(b));
@@ -136,6 +138,106 @@ nb::object read_view(PyShmRing& self, const nb::object& timeout, WaitPolicy& pol
                                            Py_ssize_t(self.held.size), PyBUF_READ));
 }
 
+// The calling thread's pickler of hotloop.serialization (its _Encoder.native), as write_object uses it.
+struct PickleSink {
+  nb::object dump;        // Pickler.dump, bound: writes the stream into `chunks`
+  nb::object clear_memo;  // Pickler.clear_memo, bound
+  nb::list chunks;        // the pickle stream, as the pickler handed it to its file
+  nb::list buffers;       // out-of-band buffers met while pickling
+  nb::list keep_alive;    // objects the out-of-band buffers point into
+};
+
+// How read_object turns a message into an object (hotloop.serialization.OBJECT_LOADERS).
+struct ObjectLoaders {
+  nb::object bare_loads;     // pickle.loads: a bare pickle (first byte PROTO)
+  nb::object general_loads;  // serialization.loads: any message, from an owned buffer; raises on a corrupt one
+  nb::object nothing;        // returned on timeout (None is a message like any other)
+};
+
+// Clears a list (what the pickler wrote) however the write below ends.
+struct ListClear {
+  PyObject* list;
+  ~ListClear() { PyList_SetSlice(list, 0, PyList_GET_SIZE(list), nullptr); }
+};
+
+// Pickles `obj` with the thread's pickler. A bare pickle (no out-of-band buffer: requests, scheduler outputs,
+// RPC tuples) is written at once and true returned; otherwise the pickler's chunks and buffers are left for
+// serialization.assemble and false returned. A pickling error leaves the encoder empty and propagates.
+bool write_object(PyShmRing& self, nb::handle obj, const nb::object& timeout, WaitPolicy& policy,
+                  PickleSink& sink) {
+  ShmRing& r = self.get();
+  int64_t t = timeout_ns(timeout, "ShmRing.write_object");
+  PyObject* chunks = sink.chunks.ptr();
+  PyObject* done = PyObject_CallOneArg(sink.dump.ptr(), obj.ptr());
+  if (done == nullptr) {
+    nb::python_error e;  // takes the pending exception
+    sink.clear_memo();
+    for (nb::handle l : {sink.chunks, sink.buffers, sink.keep_alive}) {
+      PyList_SetSlice(l.ptr(), 0, PyList_GET_SIZE(l.ptr()), nullptr);
+    }
+    throw e;
+  }
+  Py_DECREF(done);
+  sink.clear_memo();  // the memo would keep obj's parts alive
+  if (PyList_GET_SIZE(chunks) != 1 || PyList_GET_SIZE(sink.buffers.ptr()) != 0) return false;
+  ListClear clear{chunks};
+  Py_buffer view;
+  if (PyObject_GetBuffer(PyList_GET_ITEM(chunks, 0), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  struct ViewRelease {
+    Py_buffer* v;
+    ~ViewRelease() { PyBuffer_Release(v); }
+  } release_view{&view};
+  const ShmRing::Part part{view.buf, size_t(view.len)};
+  if (r.try_write(&part, 1)) return true;  // room now: no need to let go of the GIL
+  const WaitHooks* hooks = signal_hooks();
+  ReleasedGil released;
+  WaitMetricsScope counted(&self.metrics);
+  r.write(&part, 1, t, policy, hooks);
+  return true;
+}
+
+// Waits for the next message and returns it as an object (loaders.nothing on timeout). A bare pickle that
+// fits one record is unpickled in ring memory, then the record released: no copy, no buffer object.
+nb::object read_object(PyShmRing& self, const nb::object& timeout, WaitPolicy& policy, ObjectLoaders& loaders) {
+  ShmRing& r = self.get();
+  if (self.viewing) throw std::logic_error("release() the message of read_view() before reading the next one");
+  int64_t t = timeout_ns(timeout, "ShmRing.read_object");
+  ShmRing::Message m;
+  // A message already there is taken without letting go of the GIL (zero timeout: never waits).
+  if (!(r.readable() && r.read(m, 0, policy, nullptr))) {
+    const WaitHooks* hooks = signal_hooks();
+    bool got;
+    {
+      ReleasedGil released;
+      WaitMetricsScope counted(&self.metrics);
+      got = r.read(m, t, policy, hooks);
+      if (got) prompt_gil_enter();
+    }
+    if (!got) return loaders.nothing;
+    prompt_gil_exit();
+  }
+  if (m.owned.empty() && m.size > 0 && m.data[0] == kPickleProto) {
+    struct RecordRelease {
+      ShmRing& r;
+      ~RecordRelease() { r.release(); }
+    } release_record{r};
+    nb::object view = nb::steal(PyMemoryView_FromMemory(reinterpret_cast<char*>(const_cast<uint8_t*>(m.data)),
+                                                        Py_ssize_t(m.size), PyBUF_READ));
+    PyObject* obj = PyObject_CallOneArg(loaders.bare_loads.ptr(), view.ptr());
+    if (Py_REFCNT(view.ptr()) > 1) {  // kept by someone: nothing may read ring memory once it is released
+      PyObject* rel = PyObject_CallMethod(view.ptr(), "release", nullptr);
+      if (rel == nullptr) PyErr_Clear();  // exported still: the view outlives the call, but empty
+      Py_XDECREF(rel);
+    }
+    if (obj != nullptr) return nb::steal(obj);
+    PyErr_Clear();  // corrupt: the general loader below raises the error serialization gives it
+    OwnedBytes copy(m.size);
+    std::memcpy(copy.data(), m.data, m.size);
+    return loaders.general_loads(to_python(std::move(copy)));
+  }
+  return loaders.general_loads(to_python(take_owned(r, m)));
+}
+
 // A ring wait (wait_all_attached, wait) with the GIL released.
 template <bool (ShmRing::*Wait)(int64_t, WaitPolicy&, const WaitHooks*)>
 bool released_wait(PyShmRing& self, const nb::object& timeout, WaitPolicy& policy) {
@@ -160,6 +262,12 @@ void bind_shm_ring(nb::module_& m) {
   nb::exception<DeadPeerError>(m, "DeadPeerError", PyExc_RuntimeError);
   nb::exception<BadHandleError>(m, "BadHandleError", PyExc_ValueError);
   nb::exception<QueueTimeout>(m, "QueueTimeout", PyExc_TimeoutError);
+
+  nb::class_<PickleSink>(m, "PickleSink", "A thread's pickler, as ShmRing.write_object uses it.")
+      .def(nb::init<nb::object, nb::object, nb::list, nb::list, nb::list>(), "dump"_a, "clear_memo"_a, "chunks"_a,
+           "buffers"_a, "keep_alive"_a);
+  nb::class_<ObjectLoaders>(m, "ObjectLoaders", "How ShmRing.read_object turns a message into an object.")
+      .def(nb::init<nb::object, nb::object, nb::object>(), "bare_loads"_a, "general_loads"_a, "nothing"_a);
 
   nb::class_<PyShmRing>(m, "ShmRing",
                         "One-writer, many-reader broadcast ring of byte messages in POSIX shared memory (see "
@@ -188,6 +296,12 @@ void bind_shm_ring(nb::module_& m) {
            "Write one message: the concatenation of `parts` (buffer-protocol objects), copied once.")
       .def("read", &read, "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
            "The next message as an owned buffer, or None on timeout.")
+      .def("write_object", &write_object, "obj"_a.none(), "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
+           "sink"_a, "Pickle obj with the thread's pickler and write it when it is one bare pickle (True); "
+           "otherwise leave the pickled parts in the sink (False).")
+      .def("read_object", &read_object, "timeout"_a = nb::none(), "policy"_a = WaitPolicy(), "loaders"_a,
+           "The next message as an object (a bare pickle is unpickled in ring memory); loaders.nothing on "
+           "timeout.")
       .def("read_view", &read_view, "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
            "The next message as a read-only memoryview (zero-copy when it fits one record), valid until "
            "release(); None on timeout.")

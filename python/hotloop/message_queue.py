@@ -37,6 +37,8 @@ from hotloop._core import BadHandleError, ClosedError, DeadPeerError, QueueTimeo
 from hotloop.queue_backends import ReaderBackend, WriterBackend
 from hotloop.remote_queue import RemotePublisher, RemoteSubscriber
 
+_OBJECT_LOADERS, _NOTHING = serialization.OBJECT_LOADERS, serialization.NOTHING
+
 HANDLE_VERSION = 4  # 4: messages without out-of-band buffers are bare pickles; remote one-part messages one frame
 DEFAULT_RING_BYTES = 1 << 24
 
@@ -179,6 +181,9 @@ class MessageQueue:
         self._remote, self._local = writers if writers else (None, None)
         self._writers = tuple(w for w in writers if w is not None)  # in write order: the network first
         self._max_message_bytes = max_message_bytes
+        # The object paths in one call into the ring, where shared memory is the only side.
+        self._object_ring = self._local if self._writers == (self._local,) else None
+        self._object_reader = reader if isinstance(reader, _core.ShmRing) else None
         self._async_watcher = None
         assert reader is None or isinstance(reader, ReaderBackend), type(reader)
         assert all(isinstance(w, WriterBackend) for w in self._writers), self._writers
@@ -262,7 +267,14 @@ class MessageQueue:
         """Send `obj` to every reader. Raises TimeoutError (a full ring; names the slowest reader), DeadPeerError,
         ClosedError (after shutdown), ValueError (larger than max_message_bytes); pickling errors leave the
         queue untouched."""
-        parts, keep_alive = serialization.dumps(obj)
+        ring = self._object_ring
+        if ring is None:
+            parts, keep_alive = serialization.dumps(obj)
+        else:
+            enc = serialization.encoder()
+            if ring.write_object(obj, timeout, self._policy, enc.native):
+                return  # a bare pickle, pickled and written in one call
+            parts, keep_alive = serialization.assemble(enc)
         self._write(parts, timeout)
         del keep_alive
 
@@ -302,7 +314,13 @@ class MessageQueue:
 
     def dequeue(self, timeout: float | None = None):
         """The next object. Raises TimeoutError, ClosedError (shut down and drained), DeadPeerError (writer died)."""
-        return serialization.loads(self.dequeue_bytes(timeout))
+        ring = self._object_reader
+        if ring is None:
+            return serialization.loads(self.dequeue_bytes(timeout))
+        obj = ring.read_object(timeout, self._policy, _OBJECT_LOADERS)
+        if obj is _NOTHING:
+            raise TimeoutError(f"queue {self.name}: no message within {timeout} s")
+        return obj
 
     def dequeue_bytes(self, timeout: float | None = None) -> memoryview:
         """The next message's bytes: a writable buffer owned by the caller."""

@@ -8,6 +8,11 @@ buffer as it is in memory. The ring copies the parts once into shared memory, so
 ``loads(buffer)`` rebuilds the object with its arrays and tensors pointing into `buffer`: pass a buffer the caller
 owns (the queue hands each reader its own copy), never ring memory that will be reused.
 
+Shared memory takes a shorter way for the same formats: ``ShmRing.write_object`` pickles with the thread's
+pickler (``encoder().native``) and writes a bare pickle in the same call (``assemble`` finishes any other
+message); ``ShmRing.read_object`` unpickles a bare pickle that fits one record in ring memory, before releasing
+the record (``pickle.loads`` keeps nothing of its input), and hands anything else to ``loads`` as a copy.
+
 Formats: a bare pickle starts with the PROTO opcode (0x80); a message with buffers starts with the header
 ``<4s I I`` magic ``HLM1``, number of out-of-band buffers, pickle length, then one ``<Q`` length per buffer.
 
@@ -25,6 +30,8 @@ import pickle
 import struct
 import sys
 import threading
+
+from hotloop import _core
 
 MAGIC = b"HLM1"
 _PROTO = pickle.PROTO[0]  # the first byte of every pickle of protocol >= 2
@@ -84,7 +91,7 @@ class _Encoder:
     It writes into a list: the C pickler hands over its finished output buffer as one bytes object (several
     chunks only for a pickle over 64 KiB), so nothing is copied or allocated after pickling."""
 
-    __slots__ = ("chunks", "buffers", "keep_alive", "pickler", "dump", "clear_memo", "torch_registered")
+    __slots__ = ("chunks", "buffers", "keep_alive", "pickler", "dump", "clear_memo", "torch_registered", "native")
 
     def __init__(self):
         self.chunks = []
@@ -93,6 +100,8 @@ class _Encoder:
         self.pickler = pickle.Pickler(_ListWriter(self.chunks.append), protocol=5, buffer_callback=self._out_of_band)
         self.dump, self.clear_memo = self.pickler.dump, self.pickler.clear_memo  # bound once: a lookup less each
         self.torch_registered = False
+        # The same pickler for ShmRing.write_object, which pickles and writes a bare pickle in one call.
+        self.native = _core.PickleSink(self.dump, self.clear_memo, self.chunks, self.buffers, self.keep_alive)
 
     def _out_of_band(self, pb: pickle.PickleBuffer):
         try:
@@ -126,21 +135,34 @@ _NOTHING_TO_KEEP = ()
 _MODULES = sys.modules
 
 
-def dumps(obj) -> tuple[tuple, tuple | list]:
-    """The parts of one message, and the objects that must stay alive until they are written."""
+def encoder() -> _Encoder:
+    """The calling thread's pickler (for ShmRing.write_object: pass its ``native``, then ``assemble`` it when
+    write_object returns False)."""
     enc = _PER_THREAD.encoder
     if not enc.torch_registered and "torch" in _MODULES:
         enc.register_torch()
-    chunks = enc.chunks
+    return enc
+
+
+def dumps(obj) -> tuple[tuple, tuple | list]:
+    """The parts of one message, and the objects that must stay alive until they are written."""
+    enc = encoder()
     try:
         enc.dump(obj)
     except BaseException:
-        chunks.clear()
+        enc.chunks.clear()
         enc.buffers.clear()
         enc.keep_alive.clear()
         raise
     finally:
         enc.clear_memo()  # the memo would keep this message's objects alive
+    return assemble(enc)
+
+
+def assemble(enc: _Encoder) -> tuple[tuple, tuple | list]:
+    """The parts of the message `enc` pickled, and the objects that must stay alive until they are written;
+    leaves `enc` empty."""
+    chunks = enc.chunks
     last = chunks.pop()
     if not chunks and not enc.buffers:  # the fast path: the pickle stream is the message
         return (last,), _NOTHING_TO_KEEP
@@ -149,10 +171,22 @@ def dumps(obj) -> tuple[tuple, tuple | list]:
     chunks.clear()
     if not buffers:
         return pickled, _NOTHING_TO_KEEP
-    enc.buffers, enc.keep_alive = [], []
+    # Copied, then emptied in place: the encoder's lists are shared with its PickleSink.
+    buffers, keep_alive = buffers[:], keep_alive[:]
+    enc.buffers.clear()
+    enc.keep_alive.clear()
     header = _HEAD.pack(MAGIC, len(buffers), sum(memoryview(c).nbytes for c in pickled))
     header += struct.pack(f"<{len(buffers)}Q", *(b.nbytes for b in buffers))
     return (header, *pickled, *buffers), keep_alive
+
+
+class _Nothing:
+    """What ShmRing.read_object returns on timeout."""
+
+    __slots__ = ()
+
+
+NOTHING = _Nothing()
 
 
 def loads(buffer):
@@ -216,3 +250,8 @@ def _raise_corrupt(e: Exception):
     # UnpicklingError, EOFError, ImportError, AttributeError, TypeError, IndexError, ...
     raise ValueError(f"corrupt message: cannot unpickle it ({type(e).__name__}: {e}); it is damaged, or holds an "
                      "object this process cannot rebuild") from e
+
+
+# ShmRing.read_object's loaders: a bare pickle in ring memory goes to pickle.loads as a read-only view; anything
+# else (a message with buffers, a corrupt one) to loads() as an owned copy.
+OBJECT_LOADERS = _core.ObjectLoaders(_pickle_loads, loads, NOTHING)
