@@ -18,15 +18,32 @@ from hotloop import InputQueue, WaitPolicy, wait_any
 PARK_AT_ONCE = WaitPolicy(spin_us=0, yield_us=0)
 
 
+@pytest.fixture(scope="module")
+def _real_gpu():
+    """A real GPU's driver state, set up once before any test's leak snapshot: the driver opens descriptors
+    (and threads) on first use of a context and of each completion mechanism, and keeps them for the process."""
+    if CUDA_BACKEND != "real":
+        yield None
+        return
+    reason = hotloop.cuda.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"HOTLOOP_TEST_CUDA=real but no usable CUDA driver: {reason}")
+    g = RealGpu()
+    s = g.stream()
+    for mechanism in hotloop.cuda.MECHANISMS:
+        n = hotloop.cuda.StepNotifier(mechanism)
+        assert n.wait(n.mark(s), timeout=10)
+    yield g
+    g.close()
+
+
 @pytest.fixture
-def gpu():
-    if CUDA_BACKEND == "real":
-        reason = hotloop.cuda.unavailable_reason()
-        if reason is not None:
-            pytest.skip(f"HOTLOOP_TEST_CUDA=real but no usable CUDA driver: {reason}")
-        g = RealGpu()
-    else:
-        g = FakeGpu()
+def gpu(_real_gpu):
+    if _real_gpu is not None:
+        yield _real_gpu
+        _real_gpu.close()  # synchronizes: nothing of this test runs on into the next
+        return
+    g = FakeGpu()
     yield g
     g.close()
 
@@ -122,9 +139,10 @@ def test_a_notifier_dropped_with_marks_in_flight_is_safe(gpu, mechanism):
 
 def test_bad_input_gets_clear_errors(gpu, mechanism):
     n = hotloop.cuda.StepNotifier(mechanism)
-    with pytest.raises(hotloop.CudaError, match="not a usable CUDA stream: CUDA_ERROR_INVALID_HANDLE"):
-        n.mark(0xDEAD0)
-    assert n.issued == 0
+    if gpu.name != "real":  # a real driver dereferences a stream handle unchecked: a bad one is a crash there
+        with pytest.raises(hotloop.CudaError, match="not a usable CUDA stream: CUDA_ERROR_INVALID_HANDLE"):
+            n.mark(0xDEAD0)
+        assert n.issued == 0
     t = n.mark(gpu.stream())
     other = hotloop.cuda.StepNotifier(mechanism)
     with pytest.raises(ValueError, match="not issued by this notifier"):

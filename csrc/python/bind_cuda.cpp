@@ -71,7 +71,9 @@ void bind_cuda(nb::module_& m) {
           "mark", [](CudaStepNotifier& n, nb::handle stream) { return n.mark(stream_handle(stream)); },
           "stream"_a,
           "Issue the next step token; it completes once everything enqueued on `stream` so far has finished. "
-          "Raises CudaError with the driver's message for a handle that is not a stream.")
+          "Raises CudaError with the driver's message when the driver refuses the handle; pass a live stream "
+          "(torch.cuda.Stream.cuda_stream, or 0 for the legacy default): a real driver does not check that a "
+          "number is a stream before using it.")
       .def_prop_ro("mechanism", [](const CudaStepNotifier& n) { return mechanism_name(n.mechanism()); })
       .def_prop_ro("max_in_flight", &CudaStepNotifier::max_in_flight)
       .def_prop_ro("in_flight", &CudaStepNotifier::in_flight, "Marks not completed yet.");
