@@ -46,7 +46,7 @@ def test_timeout_is_honoured(policy):
     t0 = time.monotonic()
     assert wait_any([Flag()], timeout=0.05, policy=policy) == []
     waited = time.monotonic() - t0
-    assert 0.05 <= waited < 0.05 + 0.1
+    assert 0.05 <= waited < 0.05 + 1.0  # never early; late only by scheduling (a 2-core machine under load: 0.17 s)
 
 
 def test_flag_set_from_another_thread_wakes_a_parked_wait():
