@@ -75,6 +75,7 @@ class Ring {
     }
     if (fd < 0) return err;
     fd_ = int(fd);
+    watch_armed_ = false;  // a new ring holds no poll (a forked child's copy of the flag is its parent's)
     pid_ = getpid();
     features_ = p.features;
     sq_len_ = p.sq_off.array + p.sq_entries * sizeof(uint32_t);
@@ -120,6 +121,7 @@ class Ring {
     sqes_ = nullptr;
     sq_map_ = cq_map_ = nullptr;
     fd_ = -1;
+    watch_armed_ = false;
   }
 
   int park(const futex::WaitEntry* fx, int n_fx, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept;
