@@ -27,16 +27,35 @@ namespace {
 constexpr uint64_t kMagic = 0x51504f4f4c544f48ull;  // "HOTLOOPQ"
 constexpr int64_t kLivenessSliceNs = 500'000'000;    // peers are checked this often while waiting
 constexpr uint32_t kWhole = 1, kFirst = 2, kMiddle = 3, kLast = 4, kPad = 5;
-constexpr uint64_t kRecordHeader = 16;
+constexpr uint64_t kRecordHeader = ShmRing::kRecordHeaderBytes;
 
+// A record header: the word {size, kind} (0 = nothing published here yet), then the message sequence.
 struct RecordHeader {
-  uint32_t size;  // payload bytes
-  uint32_t kind;
+  uint64_t word;  // stored last, atomically: word_of(size, kind)
   uint64_t seq;
 };
 static_assert(sizeof(RecordHeader) == kRecordHeader);
 
+uint64_t word_of(uint64_t size, uint32_t kind) { return size | uint64_t(kind) << 32; }
+uint32_t size_of_word(uint64_t word) { return uint32_t(word); }
+uint32_t kind_of_word(uint64_t word) { return uint32_t(word >> 32); }
+
 uint64_t align8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
+
+// Copies `size` bytes of the concatenated parts, from byte `skip` on, to `dst`.
+void copy_parts(uint8_t* dst, const ShmRing::Part* parts, size_t n, size_t skip, size_t size) {
+  for (size_t i = 0; i < n && size > 0; ++i) {
+    if (skip >= parts[i].size) {
+      skip -= parts[i].size;
+      continue;
+    }
+    size_t take = std::min(parts[i].size - skip, size);
+    std::memcpy(dst, static_cast<const uint8_t*>(parts[i].data) + skip, take);
+    dst += take;
+    size -= take;
+    skip = 0;
+  }
+}
 
 // The start time of a live (not zombie) process in clock ticks since boot, or 0 if there is none.
 uint64_t process_start_time(int pid) {
@@ -89,7 +108,9 @@ struct ShmRing::Layout {
   std::atomic<uint32_t> attached{0};
   Doorbell data_bell{true};   // rung by the writer after publishing
   Doorbell space_bell{true};  // rung by readers after releasing
-  alignas(kCacheLine) std::atomic<uint64_t> write_pos{0};
+  // Layout 2 kept the write position here; the line stays so that the segment keeps its size and a peer of
+  // layout 2 reaches its version check (and names both versions) instead of failing on the size.
+  alignas(kCacheLine) uint64_t unused_line[kCacheLine / 8] = {};
 
   // Offsets computed from this side's own geometry, never from the header's copy of it.
   static size_t slots_offset() { return sizeof(Layout); }
@@ -103,7 +124,7 @@ class ShmRing::ReaderSource final : public Source {
   explicit ReaderSource(const ShmRing* r) : r_(r) {}
   // seq_cst load (a plain load on x86): the writer publishes with ring_if_parked (see doorbell.h).
   bool ready() const noexcept override {
-    return r_->layout_->write_pos.load(std::memory_order_seq_cst) != r_->pos_ ||
+    return r_->header_word(r_->pos_).load(std::memory_order_seq_cst) != 0 ||
            r_->layout_->state.load(std::memory_order_acquire) != 0 || r_->waits_cancelled();
   }
   Doorbell* doorbell() noexcept override { return &r_->layout_->data_bell; }
@@ -256,6 +277,12 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
          std::to_string(expect_readers) + " local readers (ranks 0-" + std::to_string(expect_readers - 1) + ")");
   }
   ReaderSlot& slot = reinterpret_cast<ReaderSlot*>(static_cast<uint8_t*>(p) + Layout::slots_offset())[rank];
+  // 0 for a fresh slot (only its reader stores to it); anything but a record's start is corrupt.
+  const uint64_t start = slot.read_pos.load(std::memory_order_acquire);
+  if ((start & 7) != 0 || next_header(start, expect_capacity) != start) {
+    fail("reader rank " + std::to_string(rank) + "'s position " + std::to_string(start) + " is not the start of a "
+         "record: the segment is corrupt, recreate the queue");
+  }
   uint32_t expected = 0;
   if (!slot.attached.compare_exchange_strong(expected, 1)) {
     fail("reader rank " + std::to_string(rank) + " is already attached (by pid " + std::to_string(slot.pid.load()) +
@@ -267,7 +294,7 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
   Geometry geo{expect_capacity, expect_readers, l->max_message, DeadReaderPolicy(l->dead_reader & 1),
                l->writer_pid, l->writer_start_time};
   ShmRing r = mapped(l, min_size, name, int(rank), geo);
-  r.pos_ = slot.read_pos.load(std::memory_order_acquire);  // 0 unless the writer published before we attached
+  r.pos_ = start;
   if (l->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == expect_readers) r.unlink();
   l->space_bell.ring();  // a writer may be waiting in wait_all_attached
   return r;
@@ -436,42 +463,42 @@ void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy
   }
 }
 
+ShmRing::Placement ShmRing::place(uint64_t rec) const noexcept {
+  const uint64_t pos = pos_;  // a record's start (next_header keeps it one)
+  const uint64_t tail = geo_.capacity - (pos & (geo_.capacity - 1));
+  Placement at;
+  at.start = tail < rec ? pos + tail : pos;  // a record never wraps: a pad record covers a short tail
+  at.next = next_header(at.start + rec, geo_.capacity);
+  at.need = at.next + sizeof(uint64_t) - pos;  // up to the next record's header word, cleared now
+  return at;
+}
+
 void ShmRing::put_record(uint32_t kind, uint64_t seq, const Part* parts, size_t n, size_t skip, size_t size,
                          int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
-  Layout* l = layout_;
   const uint64_t mask = geo_.capacity - 1;
-  const uint64_t rec = kRecordHeader + align8(size);
-  uint64_t pos = pos_;
-  uint64_t tail = geo_.capacity - (pos & mask);
-  if (tail < rec) {  // skip the tail: a record never wraps. Publish the pad only with its record, so that
-                     // readable() never reports a pad alone.
-    wait_for_space(tail + rec, deadline, policy, hooks);
-    if (tail >= kRecordHeader) {
-      auto* h = reinterpret_cast<RecordHeader*>(data_ + (pos & mask));
-      *h = RecordHeader{uint32_t(tail - kRecordHeader), kPad, seq};
-    }
-    pos += tail;
-  } else {
-    wait_for_space(rec, deadline, policy, hooks);
+  const uint64_t pos = pos_;
+  const Placement at = place(kRecordHeader + align8(size));
+  wait_for_space(at.need, deadline, policy, hooks);
+  uint8_t* rec = data_ + (at.start & mask);
+  // Readers spin on the header's cache line: it is written last, in one burst (the payload beyond that line, and
+  // the next record's cleared header word, first), so that a spinning reader does not pull the line away
+  // between the writer's stores to it.
+  const size_t head = std::min<size_t>(size, kCacheLine - (at.start + kRecordHeader) % kCacheLine);
+  copy_parts(rec + kRecordHeader + head, parts, n, skip + head, size - head);
+  // Readers arriving at the next record must find "nothing yet" there, not a header from the last lap: its word
+  // is cleared before this record is published (the readers' acquire of this record orders the two).
+  header_word(at.next).store(0, std::memory_order_relaxed);
+  copy_parts(rec + kRecordHeader, parts, n, skip, head);
+  std::memcpy(rec + sizeof(uint64_t), &seq, sizeof seq);
+  // Published by the header word, seq_cst for ring_if_parked (see doorbell.h). A pad is published after its
+  // record, so that a reader never finds a pad alone.
+  header_word(at.start).store(word_of(size, kind), std::memory_order_seq_cst);
+  if (at.start != pos) {
+    std::memcpy(data_ + (pos & mask) + sizeof(uint64_t), &seq, sizeof seq);
+    header_word(pos).store(word_of(at.start - pos - kRecordHeader, kPad), std::memory_order_seq_cst);
   }
-  uint8_t* dst = data_ + (pos & mask);
-  *reinterpret_cast<RecordHeader*>(dst) = RecordHeader{uint32_t(size), kind, seq};
-  dst += kRecordHeader;
-  size_t left = size;
-  for (size_t i = 0; i < n && left > 0; ++i) {
-    if (skip >= parts[i].size) {
-      skip -= parts[i].size;
-      continue;
-    }
-    size_t take = std::min(parts[i].size - skip, left);
-    std::memcpy(dst, static_cast<const uint8_t*>(parts[i].data) + skip, take);
-    dst += take;
-    left -= take;
-    skip = 0;
-  }
-  pos_ = pos + rec;
-  l->write_pos.store(pos_, std::memory_order_seq_cst);
-  l->data_bell.ring_if_parked();
+  pos_ = at.next;
+  layout_->data_bell.ring_if_parked();
 }
 
 bool ShmRing::try_write(const Part* parts, size_t n) {
@@ -483,9 +510,7 @@ bool ShmRing::try_write(const Part* parts, size_t n) {
   const uint64_t max_payload = (cap / 4 - kRecordHeader) & ~uint64_t(7);
   if (total > max_payload || (geo_.max_message != 0 && total > geo_.max_message)) return false;
   const uint64_t pos = pos_;
-  const uint64_t rec = kRecordHeader + align8(total);
-  const uint64_t tail = cap - (pos & (cap - 1));
-  const uint64_t need = tail < rec ? tail + rec : rec;
+  const uint64_t need = place(kRecordHeader + align8(total)).need;
   if (pos + need - reader_floor_ > cap) {
     reader_floor_ = slowest_reader_pos(nullptr);
     if (pos + need - reader_floor_ > cap) return false;
@@ -539,11 +564,13 @@ bool ShmRing::wait(int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hook
 }
 
 bool ShmRing::readable() const noexcept {
-  return layout_->write_pos.load(std::memory_order_acquire) != pos_;
+  return header_word(pos_).load(std::memory_order_acquire) != 0;
 }
 
-// Reader: moves its position (own copy first, then the slot the writer reads) and wakes a waiting writer.
-void ShmRing::set_position(uint64_t pos) noexcept {
+// Reader: moves its position past `n` bytes to the next record's start (own copy first, then the slot the writer
+// reads) and wakes a waiting writer.
+void ShmRing::advance(uint64_t n) noexcept {
+  const uint64_t pos = next_header(pos_ + n, geo_.capacity);
   pos_ = pos;
   slots_[rank_].read_pos.store(pos, std::memory_order_seq_cst);
   layout_->space_bell.ring_if_parked();
@@ -551,7 +578,7 @@ void ShmRing::set_position(uint64_t pos) noexcept {
 
 void ShmRing::release() noexcept {
   if (pending_release_ == 0 || is_writer()) return;
-  set_position(pos_ + pending_release_);
+  advance(pending_release_);
   pending_release_ = 0;
 }
 
@@ -585,31 +612,30 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
   int64_t deadline = 0;  // computed when the first wait needs it (a message already there costs no clock read)
   bool have_deadline = false;
   for (;;) {
-    if (!readable()) {
+    // Everything read from shared memory is checked against this reader's own position and geometry.
+    const uint64_t word = header_word(pos_).load(std::memory_order_acquire);
+    if (word == 0) {  // nothing published here yet
       if (!have_deadline) {
         deadline = deadline_after(timeout_ns);
         have_deadline = true;
       }
       if (!wait_readable(deadline, policy, hooks)) return false;
-    }
-    // Everything read from shared memory is checked against this reader's own position and geometry.
-    const uint64_t published = layout_->write_pos.load(std::memory_order_acquire) - pos_;
-    if (published > cap) corrupt("the write position is more than a ring ahead of this reader");
-    const uint64_t tail = cap - (pos_ & mask);
-    if (tail < kRecordHeader) {
-      set_position(pos_ + tail);
       continue;
     }
+    const uint64_t tail = cap - (pos_ & mask);  // >= kRecordHeader: pos_ is a record's start
     const uint8_t* rec = data_ + (pos_ & mask);
-    RecordHeader h;
-    std::memcpy(&h, rec, sizeof h);
+    struct {
+      uint32_t size, kind;
+      uint64_t seq;
+    } h{size_of_word(word), kind_of_word(word), 0};
+    std::memcpy(&h.seq, rec + sizeof(uint64_t), sizeof h.seq);
     const uint64_t len = kRecordHeader + align8(h.size);
     if (len > tail) corrupt("record of " + std::to_string(h.size) + " bytes runs past the ring's end");
-    if (len > published) corrupt("record of " + std::to_string(h.size) + " bytes runs past what was published");
     const uint8_t* payload = rec + kRecordHeader;
     switch (h.kind) {
       case kPad:
-        set_position(pos_ + len);
+        if (len != tail) corrupt("a pad record that does not end the ring");
+        advance(len);
         continue;
       case kWhole:
         if (h.seq < next_seq_) corrupt("message sequence went back");
@@ -633,7 +659,7 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
         partial_filled_ = std::min<uint64_t>(h.size - 8, total);
         std::memcpy(partial_.data(), payload + 8, partial_filled_);
         assembling_ = true;
-        set_position(pos_ + len);
+        advance(len);
         continue;
       }
       case kMiddle:
@@ -642,7 +668,7 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
         if (partial_filled_ + h.size > partial_.size()) corrupt("fragments longer than the message");
         std::memcpy(partial_.data() + partial_filled_, payload, h.size);
         partial_filled_ += h.size;
-        set_position(pos_ + len);
+        advance(len);
         if (h.kind == kMiddle) continue;
         if (partial_filled_ != partial_.size()) corrupt("fragments shorter than the message");
         assembling_ = false;

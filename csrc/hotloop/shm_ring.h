@@ -1,12 +1,22 @@
 // ShmRing: a one-writer, many-reader broadcast ring of messages in named POSIX shared memory. Every reader
 // receives every message, in order.
 //
-// Segment: a header (magic, layout version, geometry, writer pid, state), two doorbells ("data": rung by the
-// writer after publishing; "space": rung by a reader after releasing), the write position, one cache line per
-// reader (its read position, pid, attach state), then `capacity` bytes of records. Positions count bytes
-// written since creation; a record starts at an 8-byte boundary and never wraps (a pad record skips the tail).
-// Record: {uint32 size, uint32 kind, uint64 message sequence} then the payload. A message larger than a record
-// may be (capacity / 4) is split into first / middle / last fragments carrying the same sequence.
+// Segment (layout 3): a header (magic, layout version, geometry, writer pid, state), two doorbells ("data": rung
+// by the writer after publishing; "space": rung by a reader after releasing), one cache line per reader (its
+// read position, pid, attach state), then `capacity` bytes of records. Positions count bytes since creation; a
+// record starts at an 8-byte boundary, at least a header's length before the ring's end, and never wraps (a
+// pad record covers a shorter tail; a tail too short for a header is skipped). Record: a header word
+// {uint32 size, uint32 kind} (0: nothing published there yet), the uint64 message sequence, then the payload.
+// A message larger than a record may be (capacity / 4) is split into first / middle / last fragments carrying
+// the same sequence.
+//
+// Handshake. There is no shared write position: a reader waits on the header word at its own position, so a
+// message costs the readers the record's own cache lines and nothing else. The writer writes the sequence and
+// payload, clears the header word where the next record will start (so that a reader arriving there never
+// takes the last lap's header for a new one), then stores the header word (seq_cst, for the doorbell). A
+// record is thus published by one store, the pad before a wrapped record after it. The writer keeps the
+// slowest reader's position as it last read it and reads the readers' slots only when that says the ring is
+// full; the room it needs reaches the next record's header word.
 //
 // Writer: write(parts) copies the parts into the ring (the one copy), waiting with the wait policy while the
 // slowest live reader is a full ring behind; the timeout error names that reader. A reader whose process died
@@ -62,8 +72,9 @@ struct RingGeometry {
 
 class ShmRing {
  public:
-  static constexpr uint32_t kLayoutVersion = 2;
+  static constexpr uint32_t kLayoutVersion = 3;  // 3: a header word per record instead of a write position
   static constexpr uint64_t kMaxCapacity = uint64_t(1) << 32;  // a record's 32-bit size field covers the ring
+  static constexpr uint64_t kRecordHeaderBytes = 16;
 
   // Writer: creates the segment. `name` must start with '/'; empty picks a fresh "/hotloop-<pid>-<n>-<rand>".
   static ShmRing create(const RingGeometry& g, std::string name = "");
@@ -162,7 +173,8 @@ class ShmRing {
   Geometry geo_;
   uint8_t* data_ = nullptr;       // the records, at the offset this side computed
   ReaderSlot* slots_ = nullptr;   // the reader slots, likewise
-  uint64_t pos_ = 0;              // writer: the write position; reader: its read position (shm holds copies)
+  uint64_t pos_ = 0;  // always a record's start. Writer: the write position (its own only); reader: its read
+                      // position (its slot holds a copy for the writer)
   std::atomic<bool> cancelled_{false};
   std::string name_;
   int rank_ = -1;
@@ -180,10 +192,26 @@ class ShmRing {
 
   void wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks);
   uint64_t slowest_reader_pos(int* slowest_rank) noexcept;
+  // Where the writer puts a record of `rec` bytes: its start (after a pad record over a too-short tail), the
+  // next record's start, and how many bytes from the write position must be free (up to the next record's
+  // header word, which is cleared when this record is published).
+  struct Placement {
+    uint64_t start, next, need;
+  };
+  Placement place(uint64_t rec) const noexcept;
   void put_record(uint32_t kind, uint64_t seq, const Part* parts, size_t n, size_t skip, size_t size,
                   int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks);
+  // The header word of the record starting at `pos` (0: nothing published there yet).
+  std::atomic_ref<uint64_t> header_word(uint64_t pos) const noexcept {
+    return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(data_ + (pos & (geo_.capacity - 1))));
+  }
+  // `pos`, or the start of the next lap when the ring's tail from `pos` is too short for a record header.
+  static uint64_t next_header(uint64_t pos, uint64_t capacity) noexcept {
+    const uint64_t tail = capacity - (pos & (capacity - 1));
+    return tail < kRecordHeaderBytes ? pos + tail : pos;
+  }
   bool wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks);
-  void set_position(uint64_t pos) noexcept;
+  void advance(uint64_t n) noexcept;
   void throw_if_cancelled() const;
   [[noreturn]] void corrupt(const std::string& what) const;
   static ShmRing mapped(Layout* l, size_t size, std::string name, int rank, const Geometry& g);

@@ -372,6 +372,25 @@ TEST_F(ShmRingTest, GeometryOverwrittenInSharedMemoryIsIgnored) {
   }
 }
 
+TEST_F(ShmRingTest, ASegmentOfAnotherLayoutIsRefusedNamingBothVersions) {
+  // A peer from a hotloop whose segment layout differs (layout 2 had a shared write position; 3 has a header
+  // word per record) must not attach: the two would read each other's records wrongly. The segment keeps its
+  // size across the change, so the peer reaches the version check and its error names both versions.
+  RingGeometry g;
+  g.capacity = 4096;
+  ShmRing w = ShmRing::create(g);
+  Vandal v(w.name(), 1 << 12);
+  uint32_t old_version = 2;
+  std::memcpy(v.base + 8, &old_version, sizeof old_version);  // the version word, after the magic
+  try {
+    ShmRing::attach(w.name(), 0, 4096, 1);
+    ADD_FAILURE() << "a layout-2 segment was attached";
+  } catch (const BadHandleError& e) {
+    EXPECT_NE(std::string(e.what()).find("layout version is 2, this hotloop reads version 3"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(ShmRingTest, RandomCorruptionUnderALiveReaderGivesErrorsNeverCrashes) {
   // A fuzz of the reader and writer against a segment that a faulty peer scribbles on: rounds of writes,
   // random bytes at random offsets (header, doorbells, positions, reader slots, records), and reads. Each side
