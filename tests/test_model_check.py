@@ -1,8 +1,8 @@
 """Model checks of the wake-up protocols: tests/model/*.pml verified exhaustively with the Spin model checker.
 
 doorbell.pml models Doorbell (announce / sequence / re-check / futex park; ring and ring_if_parked; the eventfd
-watchers) as wait_any() uses it; shm_ring.pml models ShmRing's publish / release handshake and its two
-doorbells. For each, the correct model must verify with no error over its whole state space (not cut short by
+watchers) as wait_any() uses it; shm_ring.pml models ShmRing's publish / release handshake (a header word per
+record) and its two doorbells. For each, the correct model must verify with no error over its whole state space (not cut short by
 the depth bound), the statements where a sleeper is woken must be reachable (the model is not vacuous), and
 every mutant (a macro that breaks one step of the protocol) must make the verification fail. See
 tests/model/README.md. Spin is required: without it these tests fail, they do not skip (apt-get install spin).
@@ -97,6 +97,10 @@ def test_model_verifies(tmp_path, model, wake_points):
         # torn reads: a cell overwritten while a reader holds it
         ("shm_ring.pml", "BROKEN_RELEASE_ORDER", "assertion violated"),
         ("shm_ring.pml", "BROKEN_FASTEST_READER", "assertion violated"),
+        ("shm_ring.pml", "BROKEN_CLEAR_UNRESERVED", "assertion violated"),
+        # stale records: a header word left from the last lap taken for a new record
+        ("shm_ring.pml", "BROKEN_NO_CLEAR", "assertion violated"),
+        ("shm_ring.pml", "BROKEN_CLEAR_LATE", "assertion violated"),
     ],
 )
 def test_mutant_fails(tmp_path, model, mutant, failure):

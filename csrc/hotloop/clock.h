@@ -27,10 +27,14 @@ inline void cpu_relax() noexcept {
 // A deadline on the CLOCK_MONOTONIC clock, or none (kForever).
 constexpr int64_t kForever = INT64_MAX;
 
-inline int64_t deadline_after(int64_t timeout_ns) noexcept {
+// The same from a time the caller has just read (one clock read for both).
+inline int64_t deadline_after(int64_t timeout_ns, int64_t now) noexcept {
   if (timeout_ns < 0) return kForever;
-  int64_t now = now_ns();
   return timeout_ns > kForever - now ? kForever : now + timeout_ns;
+}
+
+inline int64_t deadline_after(int64_t timeout_ns) noexcept {
+  return timeout_ns < 0 ? kForever : deadline_after(timeout_ns, now_ns());
 }
 
 inline constexpr size_t kCacheLine = 64;

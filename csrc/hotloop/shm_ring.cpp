@@ -560,7 +560,8 @@ void ShmRing::write(const Part* parts, size_t n, int64_t timeout_ns, WaitPolicy&
 Source& ShmRing::source() noexcept { return *source_; }
 
 bool ShmRing::wait(int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks) {
-  return wait_readable(deadline_after(timeout_ns), policy, hooks);
+  const int64_t now = now_ns();
+  return wait_readable(deadline_after(timeout_ns, now), policy, hooks, now);
 }
 
 bool ShmRing::readable() const noexcept {
@@ -582,17 +583,17 @@ void ShmRing::release() noexcept {
   pending_release_ = 0;
 }
 
-bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
+bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks, int64_t now) {
   Layout* l = layout_;
   Source* s = source_;
-  for (;;) {
+  for (;; now = -1) {
     throw_if_cancelled();
     if (readable()) return true;
     if (l->state.load(std::memory_order_acquire) != 0) {
       throw ClosedError("queue " + name_ + " was shut down by its writer (every message before that was "
                         "delivered)");
     }
-    int64_t now = now_ns();
+    if (now < 0) now = now_ns();
     if (now >= deadline) return false;
     if (wait_any(&s, 1, std::min(deadline, now + kLivenessSliceNs) - now, policy, hooks) != 0) continue;
     if (!readable() && !waits_cancelled() && !process_alive(geo_.writer_pid, geo_.writer_start_time)) {
@@ -609,17 +610,17 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
   throw_if_cancelled();
   const uint64_t cap = geo_.capacity;
   const uint64_t mask = cap - 1;
-  int64_t deadline = 0;  // computed when the first wait needs it (a message already there costs no clock read)
-  bool have_deadline = false;
+  int64_t deadline = -1;  // computed when the first wait needs it (a message already there costs no clock read)
   for (;;) {
     // Everything read from shared memory is checked against this reader's own position and geometry.
     const uint64_t word = header_word(pos_).load(std::memory_order_acquire);
     if (word == 0) {  // nothing published here yet
-      if (!have_deadline) {
-        deadline = deadline_after(timeout_ns);
-        have_deadline = true;
+      int64_t now = -1;  // read once for the deadline and the wait
+      if (deadline < 0) {
+        now = now_ns();
+        deadline = deadline_after(timeout_ns, now);
       }
-      if (!wait_readable(deadline, policy, hooks)) return false;
+      if (!wait_readable(deadline, policy, hooks, now)) return false;
       continue;
     }
     const uint64_t tail = cap - (pos_ & mask);  // >= kRecordHeader: pos_ is a record's start

@@ -210,7 +210,8 @@ class ShmRing {
     const uint64_t tail = capacity - (pos & (capacity - 1));
     return tail < kRecordHeaderBytes ? pos + tail : pos;
   }
-  bool wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks);
+  // `now`: the time if the caller has just read it, else -1.
+  bool wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks, int64_t now = -1);
   void advance(uint64_t n) noexcept;
   void throw_if_cancelled() const;
   [[noreturn]] void corrupt(const std::string& what) const;

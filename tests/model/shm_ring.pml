@@ -1,26 +1,34 @@
-/* shm_ring.pml: a Promela model of ShmRing's publish / release handshake and of its two doorbells
- * (csrc/hotloop/shm_ring.cpp, with the Doorbell and wait_any park path it uses), checked exhaustively by
- * tests/test_model_check.py.
+/* shm_ring.pml: a Promela model of ShmRing's publish / release handshake (layout 3: a header word per record)
+ * and of its two doorbells (csrc/hotloop/shm_ring.cpp, with the Doorbell and wait_any park path it uses),
+ * checked exhaustively by tests/test_model_check.py.
  *
  * One writer writes M messages of one or two cells each (chosen freely at every message) into a ring of CAP
- * cells; two readers read every message. A cell stands for 8 bytes, a record's first cell for its 16-byte header.
- * A record never wraps: when the tail is too short the writer first writes a pad record, as put_record() does.
- * With 2-cell records in a 5-cell ring (the code caps a record at a quarter of the ring) the ring fills, pads
- * and wraps within three messages, which keeps the exhaustive search small.
+ * cells; two readers read every message. A cell stands for 8 bytes, a record's first cell for its 16-byte header
+ * (its header word in kind[], the rest in val[] and rlen[]). There is no shared write position: a reader waits
+ * on the header word at its own position (0: nothing published there yet). The writer writes the payload and
+ * header, clears the header word where the next record will start, then publishes the record by storing its
+ * header word. A record never wraps: when the tail is too short the writer first writes a pad record, published
+ * after the record, as put_record() does. With 2-cell records in a 5-cell ring (the code caps a record at a
+ * quarter of the ring) the ring fills, pads and wraps within three messages, which keeps the exhaustive search
+ * small.
  * Claims:
  *   - no torn read: the writer never writes a cell that a reader has not released (a ghost assertion at every
- *     cell write), and every cell a reader reads holds the value written for the sequence it expects;
+ *     cell write, the cleared header word included), and every cell a reader reads holds the value written for
+ *     the sequence it expects;
+ *   - no stale record: a reader never takes a header word left from the last lap for a new record (every header
+ *     it reads is its next sequence's, and once it has read all M messages nothing is readable at its position);
  *   - in order, none lost or duplicated: each reader gets sequences 0, 1, ..., M-1 exactly;
  *   - no lost wake-up on either doorbell: every run is finite (bounded messages; a sleeper leaves the futex only
  *     after the word changed), so a reader parked on "data" or the writer parked on "space" with nobody left to
  *     wake it shows up as an invalid end state, which fails the check.
  *
- * Memory orders: write_pos is stored seq_cst and loaded seq_cst by ReaderSource::ready(); read_pos is stored
- * seq_cst by set_position() and loaded seq_cst by slowest_reader_pos(); both doorbells are rung with
- * ring_if_parked(), whose correctness needs exactly those seq_cst accesses. The acquire load in readable() is
- * also modelled as an interleaving step: it is used only on the reader's fast path (a positive answer, after
- * which acquire suffices to see the record); the decision to sleep is taken on ready()'s seq_cst load. Each
- * side's private copy of its own position (ShmRing::pos_) is the model's write_pos / read_pos[r]: only that
+ * Memory orders: the header word is stored seq_cst by put_record() and loaded seq_cst by ReaderSource::ready();
+ * read_pos is stored seq_cst by advance() and loaded seq_cst by slowest_reader_pos(); both doorbells are rung
+ * with ring_if_parked(), whose correctness needs exactly those seq_cst accesses. The acquire load in read() and
+ * readable() is also modelled as an interleaving step: a positive answer needs only acquire to see the record
+ * (its payload, header and the cleared next word are written before the release); the decision to sleep is
+ * taken on ready()'s seq_cst load. The cleared word is a relaxed store ordered by the publishing store after
+ * it. Each side's private copy of its own position (ShmRing::pos_) is the model's wp / read_pos[r]: only that
  * side stores to it.
  *
  * Mutants (each must make the verification fail):
@@ -28,6 +36,10 @@
  *   -DBROKEN_DATA_RECHECK   a reader's park on the data doorbell skips the re-check after announce().
  *   -DBROKEN_RELEASE_ORDER  a reader advances its read position before it has read the record's payload.
  *   -DBROKEN_FASTEST_READER the writer takes the fastest reader's position, not the slowest, as the floor.
+ *   -DBROKEN_NO_CLEAR       the writer does not clear the next record's header word.
+ *   -DBROKEN_CLEAR_LATE     the writer clears it after publishing the record, not before.
+ *   -DBROKEN_CLEAR_UNRESERVED the room the writer waits for stops at the record's end, short of the next header
+ *                           word that it clears.
  */
 
 #define CAP   5      /* Layout::capacity, in cells */
@@ -38,11 +50,10 @@
 #define PAD   5      /* kPad */
 
 /* The segment. */
-byte write_pos;                 /* Layout::write_pos (absolute, in cells) */
 byte read_pos[NR];              /* ReaderSlot::read_pos */
 byte val[CAP];                  /* the bytes of each cell: sequence + 1 of the record that wrote it (0: never) */
-byte kind[CAP];                 /* RecordHeader::kind of a record starting at this cell */
-byte rlen[CAP];                  /* its length in cells (kRecordHeader + align8(size)) */
+byte kind[CAP];                 /* the header word of a record starting at this cell: its kind (0: nothing yet) */
+byte rlen[CAP];                 /* the rest of the header: the record's length in cells (kRecordHeader + align8(size)) */
 
 /* Layout::data_bell and Layout::space_bell: Doorbell::seq_ and parked_, and each futex's wait queue. */
 byte data_seq, data_parked;
@@ -70,11 +81,11 @@ inline space_ring_if_parked() {
 /* ---- writer ---- */
 
 /* wait_for_space()'s has_space lambda: reader_floor_ = slowest_reader_pos(); then compares. slowest_reader_pos()
- * is min(write_pos, each reader's read_pos), one seq_cst load of a reader slot per step (write_pos is the
- * writer's own variable). Dead temporaries are reset to keep the state space small. */
+ * is min(wp, each reader's read_pos), one seq_cst load of a reader slot per step (wp is the writer's own
+ * variable). Dead temporaries are reset to keep the state space small. */
 inline has_space() {
   atomic {
-    floor = write_pos;
+    floor = wp;
     p = read_pos[0];
 #ifdef BROKEN_FASTEST_READER
     floor = p
@@ -99,7 +110,7 @@ inline has_space() {
     fi;
 #endif
     p = 0;
-    ok = (write_pos + need - floor <= CAP)
+    ok = (wp + need - floor <= CAP)
   }
 }
 
@@ -107,7 +118,7 @@ inline has_space() {
  * wait_any()'s first check_all() and its spin phase only repeat the has_space() check just made. */
 inline wait_for_space() {
   if
-  :: write_pos + need - floor <= CAP -> skip        /* the cached floor (reader_floor_) says there is room */
+  :: wp + need - floor <= CAP -> skip               /* the cached floor (reader_floor_) says there is room */
   :: else ->
      has_space();
      do
@@ -149,11 +160,18 @@ inline write_cell(at, v) {
   }
 }
 
+/* The store of 0 to the next record's header word: a cell write like any other (its bytes change, and whatever
+ * the last lap left there, a header or payload, is gone). */
+inline clear_word(at) {
+  atomic { write_cell(at, 0); kind[(at) % CAP] = 0 }
+}
+
 /* ShmRing::write() of M messages of one or two cells, each by put_record(kWhole, ...). */
 proctype Writer() {
+  byte wp = 0;             /* pos_: the write position, always a record's start */
   byte seq = 0;            /* next_seq_ */
   byte floor = 0;          /* reader_floor_ */
-  byte rec, pos, tail, need, seen, p;
+  byte rec, start, next, tail, need, seen, p;
   bool ok;
   do
   :: seq == M -> break
@@ -162,26 +180,40 @@ proctype Writer() {
      :: rec = 1
      :: rec = 2
      fi;
-     /* put_record() */
-     pos = write_pos;
-     tail = CAP - pos % CAP;
+     /* put_record(): place() */
+     tail = CAP - wp % CAP;
      if
-     :: tail < rec -> need = tail + rec  /* a record never wraps: room for a pad over the tail, and the record */
-     :: else -> need = rec
+     :: tail < rec -> start = wp + tail  /* a record never wraps: a pad record covers the tail */
+     :: else -> start = wp
      fi;
+     next = start + rec;
+#ifdef BROKEN_CLEAR_UNRESERVED
+     need = next - wp;
+#else
+     need = next + 1 - wp;               /* up to the next record's header word, cleared below */
+#endif
      wait_for_space();
-     if
-     :: tail < rec ->                    /* the pad, published only with its record */
-        atomic { write_cell(pos, seq + 1); kind[pos % CAP] = PAD; rlen[pos % CAP] = tail };
-        pos = pos + tail
-     :: else -> skip
-     fi;
-     atomic { write_cell(pos, seq + 1); kind[pos % CAP] = WHOLE; rlen[pos % CAP] = rec };   /* the header */
      if                                  /* the payload memcpy */
-     :: rec == 2 -> atomic { write_cell(pos + 1, seq + 1); kind[(pos + 1) % CAP] = 0; rlen[(pos + 1) % CAP] = 0 }
+     :: rec == 2 -> write_cell(start + 1, seq + 1)
      :: else -> skip
      fi;
-     atomic { write_pos = pos + rec; pos = 0; tail = 0; need = 0; rec = 0 };   /* write_pos.store(seq_cst) */
+#ifndef BROKEN_CLEAR_LATE
+#ifndef BROKEN_NO_CLEAR
+     clear_word(next);   /* the next record's header word: nothing yet */
+#endif
+#endif
+     atomic { write_cell(start, seq + 1); rlen[start % CAP] = rec };   /* the header's sequence (and size) */
+     kind[start % CAP] = WHOLE;          /* header_word(start).store(seq_cst): published */
+#ifdef BROKEN_CLEAR_LATE
+     clear_word(next);
+#endif
+     if
+     :: start != wp ->                   /* the pad, published after its record */
+        atomic { write_cell(wp, seq + 1); rlen[wp % CAP] = tail };
+        kind[wp % CAP] = PAD
+     :: else -> skip
+     fi;
+     atomic { wp = next; start = 0; next = 0; tail = 0; need = 0; rec = 0 };
      data_ring_if_parked();              /* data_bell.ring_if_parked() */
      seq++
   od
@@ -189,18 +221,18 @@ proctype Writer() {
 
 /* ---- readers ---- */
 
-/* ShmRing::set_position(pos_ + n) (from release() and read()'s pad skip):
- * read_pos.store(seq_cst); space_bell.ring_if_parked() */
+/* ShmRing::advance(n) (from release() and read()'s pad skip): read_pos.store(seq_cst);
+ * space_bell.ring_if_parked(). (A tail too short for a header, which advance() also skips, has no cell here.) */
 inline set_position(n) {
   read_pos[r] = read_pos[r] + (n);
   space_ring_if_parked()
 }
 
-/* wait_readable(): readable(), then wait_any(&ReaderSource) whose ready() is write_pos != read_pos (its first
- * check_all() and spin phase repeat the readable() check just made). */
+/* wait_readable(): readable(), then wait_any(&ReaderSource) whose ready() is "the header word at read_pos is not
+ * 0" (its first check_all() and spin phase repeat the readable() check just made). */
 inline wait_readable() {
   if
-  :: write_pos != read_pos[r] -> skip               /* readable() */
+  :: kind[read_pos[r] % CAP] != 0 -> skip           /* readable() */
   :: else ->
      do                                             /* park_once() until it returns a ready mask */
      :: true ->
@@ -208,7 +240,7 @@ inline wait_readable() {
         seen = data_seq;                            /* sequence() */
 #ifndef BROKEN_DATA_RECHECK
         if
-        :: write_pos != read_pos[r] -> atomic { seen = 0; data_parked-- }; break   /* check_all(); retract() */
+        :: kind[read_pos[r] % CAP] != 0 -> atomic { seen = 0; data_parked-- }; break   /* check_all(); retract() */
         :: else -> skip
         fi;
 #endif
@@ -218,7 +250,7 @@ inline wait_readable() {
         :: atomic { data_seq != seen -> seen = 0 }  /* EAGAIN */
         fi;
         if
-        :: write_pos != read_pos[r] -> data_parked--; break   /* check_bells(); ~ParkGuard: retract() */
+        :: kind[read_pos[r] % CAP] != 0 -> data_parked--; break   /* check_bells(); ~ParkGuard: retract() */
         :: else -> data_parked--
         fi
      od
@@ -241,16 +273,17 @@ proctype Reader(byte r) {
      do
      :: true ->
         wait_readable();
-        atomic {                                    /* published = write_pos - pos_; memcpy(&h, rec) */
+        atomic {                                    /* the header word (acquire), then the rest of the header */
           pos = read_pos[r];
-          assert(write_pos - pos <= CAP);           /* read()'s own check: "more than a ring ahead" */
           k = kind[pos % CAP]; l = rlen[pos % CAP]; s = val[pos % CAP];
-          assert(s == next + 1);                    /* the header of the record (or pad) we expect */
-          assert(l >= 1 && l <= write_pos - pos);   /* read()'s own check: "runs past what was published" */
+          assert(s == next + 1);                    /* the header of the record (or pad) we expect, not a stale one */
+          assert(l >= 1 && pos % CAP + l <= CAP);   /* read()'s own check: "runs past the ring's end" */
           s = 0
         };
         if
-        :: k == PAD -> atomic { k = 0; pos = 0 }; set_position(l); l = 0   /* skip the pad, read on */
+        :: k == PAD ->                              /* skip the pad (it ends the ring), read on */
+           assert(pos % CAP + l == CAP);
+           atomic { k = 0; pos = 0 }; set_position(l); l = 0
         :: k == WHOLE ->
            atomic {
              k = 0;
@@ -278,7 +311,9 @@ proctype Reader(byte r) {
   if
   :: pending != 0 -> set_position(pending)
   :: else -> skip
-  fi
+  fi;
+  /* Nothing more was written, so nothing may look readable (a header word from the last lap would). */
+  assert(kind[read_pos[r] % CAP] == 0)
 }
 
 init {
