@@ -613,7 +613,13 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
   int64_t deadline = -1;  // computed when the first wait needs it (a message already there costs no clock read)
   for (;;) {
     // Everything read from shared memory is checked against this reader's own position and geometry.
-    const uint64_t word = header_word(pos_).load(std::memory_order_acquire);
+    uint64_t word = header_word(pos_).load(std::memory_order_acquire);
+    // A reply often lands within a few hundred nanoseconds: look again a few times before reading the clock and
+    // setting up a wait, which would cost more than that (see kQuickChecks).
+    for (int i = 0; word == 0 && i < kQuickChecks && timeout_ns != 0 && policy.spin_ns() > 0; ++i) {
+      cpu_relax();
+      word = header_word(pos_).load(std::memory_order_acquire);
+    }
     if (word == 0) {  // nothing published here yet
       int64_t now = -1;  // read once for the deadline and the wait
       if (deadline < 0) {
