@@ -27,14 +27,10 @@ namespace {
 constexpr uint64_t kMagic = 0x51504f4f4c544f48ull;  // "HOTLOOPQ"
 constexpr int64_t kLivenessSliceNs = 500'000'000;    // peers are checked this often while waiting
 constexpr uint32_t kWhole = 1, kFirst = 2, kMiddle = 3, kLast = 4, kPad = 5;
+// A record header: the header word, stored last and atomically (word_of(size, kind); 0: nothing published here
+// yet), then the uint64 message sequence.
 constexpr uint64_t kRecordHeader = ShmRing::kRecordHeaderBytes;
-
-// A record header: the word {size, kind} (0 = nothing published here yet), then the message sequence.
-struct RecordHeader {
-  uint64_t word;  // stored last, atomically: word_of(size, kind)
-  uint64_t seq;
-};
-static_assert(sizeof(RecordHeader) == kRecordHeader);
+static_assert(kRecordHeader == 2 * sizeof(uint64_t));
 
 uint64_t word_of(uint64_t size, uint32_t kind) { return size | uint64_t(kind) << 32; }
 uint32_t size_of_word(uint64_t word) { return uint32_t(word); }

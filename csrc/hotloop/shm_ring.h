@@ -13,10 +13,10 @@
 // Handshake. There is no shared write position: a reader waits on the header word at its own position, so a
 // message costs the readers the record's own cache lines and nothing else. The writer writes the sequence and
 // payload, clears the header word where the next record will start (so that a reader arriving there never
-// takes the last lap's header for a new one), then stores the header word (seq_cst, for the doorbell). A
-// record is thus published by one store, the pad before a wrapped record after it. The writer keeps the
-// slowest reader's position as it last read it and reads the readers' slots only when that says the ring is
-// full; the room it needs reaches the next record's header word.
+// takes the last lap's header for a new one), then stores the header word (seq_cst, for the doorbell): one
+// store publishes a record (a pad record is published after the record that follows it, so a reader never
+// finds a pad alone). The writer keeps the slowest reader's position as it last read it and reads the readers'
+// slots only when that says the ring is full; the room it needs reaches the next record's header word.
 //
 // Writer: write(parts) copies the parts into the ring (the one copy), waiting with the wait policy while the
 // slowest live reader is a full ring behind; the timeout error names that reader. A reader whose process died
