@@ -2,9 +2,9 @@
 
 doorbell.pml models Doorbell (announce / sequence / re-check / futex park; ring and ring_if_parked; the eventfd
 watchers) as wait_any() uses it; shm_ring.pml models ShmRing's publish / release handshake (a header word per
-record) and its two doorbells. For each, the correct model must verify with no error over its whole state space (not cut short by
-the depth bound), the statements where a sleeper is woken must be reachable (the model is not vacuous), and
-every mutant (a macro that breaks one step of the protocol) must make the verification fail. See
+record) and its two doorbells. For each, the correct model must verify with no error over its whole state space
+(not cut short by the depth bound), the statements where a sleeper is woken must be reachable (the model is not
+vacuous), and every mutant (a macro that breaks one step of the protocol) must make the verification fail. See
 tests/model/README.md. Spin is required: without it these tests fail, they do not skip (apt-get install spin).
 """
 

@@ -53,7 +53,7 @@
 byte read_pos[NR];              /* ReaderSlot::read_pos */
 byte val[CAP];                  /* the bytes of each cell: sequence + 1 of the record that wrote it (0: never) */
 byte kind[CAP];                 /* the header word of a record starting at this cell: its kind (0: nothing yet) */
-byte rlen[CAP];                 /* the rest of the header: the record's length in cells (kRecordHeader + align8(size)) */
+byte rlen[CAP];                 /* the rest of the header: the length in cells (kRecordHeader + align8(size)) */
 
 /* Layout::data_bell and Layout::space_bell: Doorbell::seq_ and parked_, and each futex's wait queue. */
 byte data_seq, data_parked;
