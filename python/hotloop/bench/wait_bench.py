@@ -39,6 +39,7 @@ import json
 import math
 import os
 import queue
+import random
 import socket
 import struct
 import threading
@@ -335,7 +336,9 @@ def cross_process(rounds, sliced_rounds, progress):
             m["waiter"] = hotloop.Waiter({"reader": [reader], "socket": [a], "both": [reader, a]}[m["set"]])
             m["wake_ns"], m["react_ns"], m["phases"] = [], [], collections.Counter()
         for i in range(max(m["rounds"] for m in modes)):
-            for m in modes:  # interleaved, so drift hits every mode alike
+            # Interleaved, so drift hits every mode alike, in a seeded random order per round: the first mode of a
+            # round wakes slower (measured: 1.3-3.9x the others in a fixed order), and no mode may always be first.
+            for m in random.Random(i).sample(modes, len(modes)):
                 if i >= m["rounds"]:
                     continue
                 if m["request"]:
