@@ -327,11 +327,12 @@ class RemoteSubscriber:
         except BaseException:  # a reader that cannot start leaves no sockets, descriptors or threads behind
             if getattr(self, "_epoll", None) is not None:
                 self._epoll.close()
-            if getattr(self, "_signal", None) is not None:
-                os.close(self._signal)
+            for fd in (getattr(self, "_signal", None), getattr(self, "_cancel_fd", None)):
+                if fd is not None:
+                    os.close(fd)
             self._ctx.destroy(linger=0)
             raise
-        self._cancelled = Flag()  # set by cancel_waits()/close() from any thread: every wait ends
+        self._cancelled = Flag()  # set by cancel_waits()/close() from any thread (with _cancel_fd written)
         self._lock = threading.Lock()  # ZeroMQ sockets are single-threaded: close() waits for a drain in progress
         self._pending: bytearray | None = None  # a received message not yet handed out
         self._lent: memoryview | None = None
@@ -356,6 +357,10 @@ class RemoteSubscriber:
         self._signal = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # readable while there is something to take
         self._signalled = False
         self._epoll.register(self._signal, select.EPOLLIN)
+        # Written by cancel_waits()/close(): ends a wait in another thread. A descriptor in the same epoll set (not
+        # a doorbell beside it) keeps the wait on descriptors only, the cheaper park for a socket's wake-up.
+        self._cancel_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll.register(self._cancel_fd, select.EPOLLIN)
         self._fd_source = FdSource(self._epoll.fileno())
 
     # ---- the reader surface shared with ShmRing ----
@@ -416,7 +421,7 @@ class RemoteSubscriber:
             if left is not None and left <= 0:
                 return None
             try:
-                wait_any([self._fd_source, self._cancelled], timeout=left, policy=policy or self.DEFAULT_POLICY)
+                wait_any([self._fd_source], timeout=left, policy=policy or self.DEFAULT_POLICY)
             except SourceError:
                 if not self._cancelled.is_set():
                     raise  # closed by close() in another thread: the next drain raises ClosedError
@@ -436,9 +441,12 @@ class RemoteSubscriber:
     def cancel_waits(self) -> None:
         """Any thread: every wait of this reader, running or later, ends with ClosedError."""
         self._cancelled.set()
+        with self._lock:  # never held across a wait: only while ZeroMQ is read
+            if not self.closed:
+                os.eventfd_write(self._cancel_fd, 1)  # wakes a thread waiting on the sockets
 
     def close(self) -> None:
-        self._cancelled.set()  # a thread waiting on the sockets wakes (and then finds the reader closed)
+        self.cancel_waits()  # a thread waiting on the sockets wakes (and then finds the reader closed)
         with self._lock:
             if self.closed:
                 return
@@ -447,6 +455,7 @@ class RemoteSubscriber:
                 return
             self._epoll.close()
             os.close(self._signal)
+            os.close(self._cancel_fd)
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
             self._sock.close(linger=0)
