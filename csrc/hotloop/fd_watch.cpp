@@ -3,6 +3,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace hotloop::fd_watch {
@@ -77,6 +78,17 @@ bool Watch::collect(pollfd* fds, int n) noexcept {
     return false;
   }
   return true;
+}
+
+int Watch::sleep(const futex::WaitEntry* fx, int n_fx, const std::atomic<uint32_t>* word, uint32_t seen,
+                 pollfd* fds, int n_fds, int64_t deadline_ns) noexcept {
+  if (n_fx < 0 || n_fx > kMaxFutexes) return EINVAL;
+  futex::WaitEntry entries[kMaxFutexes + 1];
+  std::copy(fx, fx + n_fx, entries);
+  entries[n_fx] = {word, seen, false};
+  const int rc = futex::wait_many(entries, n_fx + 1, deadline_ns);
+  if (word->load(std::memory_order_acquire) != seen) collect(fds, n_fds);
+  return rc == EAGAIN ? 0 : rc;
 }
 
 Watch& this_thread() noexcept {

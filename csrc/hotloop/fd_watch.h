@@ -22,9 +22,15 @@
 #include <poll.h>
 #include <sys/types.h>
 
+#include <atomic>
+#include <cstdint>
+
+#include "hotloop/futex.h"
+
 namespace hotloop::fd_watch {
 
 constexpr int kMaxFds = 64;
+constexpr int kMaxFutexes = 64;
 
 class Watch {
  public:
@@ -46,6 +52,13 @@ class Watch {
 
   // Fills fds[0..n).revents with their state now; returns whether any is ready.
   bool collect(pollfd* fds, int n) noexcept;
+
+  // The park both backends share once armed: sleeps in futex_waitv on fx[0..n_fx) plus `word` (which their
+  // bridge changes when the watch becomes readable; asleep only while it holds `seen`), then collects the
+  // descriptors' state if `word` moved. Returns 0 (an event, or possibly none: the caller re-checks its
+  // sources), ETIMEDOUT, EINTR, or another errno. At most kMaxFutexes futexes.
+  int sleep(const futex::WaitEntry* fx, int n_fx, const std::atomic<uint32_t>* word, uint32_t seen, pollfd* fds,
+            int n_fds, int64_t deadline_ns) noexcept;
 
  private:
   int epfd_ = -1;

@@ -27,7 +27,6 @@ static_assert(sizeof(io_uring_sqe) == 64, "io_uring_sqe must be 64 bytes");
 
 // One poll is ever in flight (on the thread's fd_watch); the queues' smallest sizes are plenty.
 constexpr unsigned kEntries = 4;
-constexpr int kMaxFutexes = 64;
 constexpr uint64_t kWatchTag = 1;
 
 long sys_setup(unsigned entries, io_uring_params* p) { return syscall(__NR_io_uring_setup, entries, p); }
@@ -126,7 +125,6 @@ class Ring {
 
   int park(const futex::WaitEntry* fx, int n_fx, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept;
 
-
  private:
   int fail_open() {
     int err = errno;
@@ -200,7 +198,7 @@ class Ring {
 };
 
 int Ring::park(const futex::WaitEntry* fx, int n_fx, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept {
-  if (n_fx < 0 || n_fx > kMaxFutexes || n_fds <= 0) return EINVAL;
+  if (n_fds <= 0) return EINVAL;
   fd_watch::Watch& watch = fd_watch::this_thread();
   reap();
   const uint32_t before = load_acquire(cq_tail_);
@@ -213,16 +211,12 @@ int Ring::park(const futex::WaitEntry* fx, int n_fx, pollfd* fds, int n_fds, int
   // interrupted futex_waitv restarts, finds the tail moved and returns. A completion before the sleep (a
   // descriptor that became readable while being armed, or before) shows in the tail read here.
   const uint32_t ctail = load_acquire(cq_tail_);
-  int rc = 0;
-  if (ctail == before) {
-    futex::WaitEntry entries[kMaxFutexes + 1];
-    std::copy(fx, fx + n_fx, entries);
-    entries[n_fx] = {reinterpret_cast<const std::atomic<uint32_t>*>(cq_tail_), ctail, false};
-    rc = futex::wait_many(entries, n_fx + 1, deadline_ns);
+  if (ctail != before) {
+    watch.collect(fds, n_fds);
+    return 0;
   }
-  if (load_acquire(cq_tail_) != before) watch.collect(fds, n_fds);
-  if (rc == 0) return 0;
-  return rc == ETIMEDOUT || rc == EINTR ? rc : (rc == EAGAIN ? 0 : rc);
+  return watch.sleep(fx, n_fx, reinterpret_cast<const std::atomic<uint32_t>*>(cq_tail_), ctail, fds, n_fds,
+                     deadline_ns);
 }
 
 struct ThreadRing {
@@ -264,8 +258,8 @@ struct Probe {
     auto supported = [&](unsigned op) {
       return op <= probe->last_op && (probe->ops[op].flags & IO_URING_OP_SUPPORTED) != 0;
     };
-    if (!supported(IORING_OP_POLL_ADD) || !supported(IORING_OP_POLL_REMOVE)) {
-      why = "the kernel's io_uring lacks POLL_ADD or POLL_REMOVE";
+    if (!supported(IORING_OP_POLL_ADD)) {
+      why = "the kernel's io_uring lacks POLL_ADD";
       return;
     }
     why = self_test(r);
@@ -273,8 +267,7 @@ struct Probe {
   }
 
   // Four parks whose outcome is known: a readable eventfd next to a futex that stays asleep; a futex word
-  // that already changed (private, then process-shared) next to an idle eventfd (whose poll must be
-  // removed); and an idle eventfd written by another thread while the park sleeps in futex_waitv, which must
+  // that already changed (private, then process-shared) next to an idle eventfd; and an idle eventfd written by another thread while the park sleeps in futex_waitv, which must
   // end the sleep (the task-work wake-up this park relies on). A wrong field shows up as EINVAL here.
   static std::string self_test(Ring& r) {
     int ready = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -4,7 +4,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <system_error>
@@ -15,8 +14,6 @@
 
 namespace hotloop::waker_thread {
 namespace {
-
-constexpr int kMaxFutexes = 64;
 
 // A waiting thread's helper: while armed, it sleeps in poll() on the thread's fd_watch; when that becomes
 // readable it bumps `word` (the waiter's futex_waitv holds it) and wakes it, and is idle until armed again.
@@ -117,7 +114,7 @@ int prepare() noexcept {
 }
 
 int park(const futex::WaitEntry* futexes, int n_futexes, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept {
-  if (n_futexes < 0 || n_futexes > kMaxFutexes || n_fds <= 0) return EINVAL;
+  if (n_fds <= 0) return EINVAL;
   int err = 0;
   Helper* h = thread_helper(&err);
   if (h == nullptr) return err;
@@ -136,13 +133,7 @@ int park(const futex::WaitEntry* futexes, int n_futexes, pollfd* fds, int n_fds,
     h->armed.store(a + 1, std::memory_order_release);
     futex::wake(&h->armed, 1, false);
   }
-  futex::WaitEntry entries[kMaxFutexes + 1];
-  std::copy(futexes, futexes + n_futexes, entries);
-  entries[n_futexes] = {&h->word, seen, false};
-  const int rc = futex::wait_many(entries, n_futexes + 1, deadline_ns);
-  if (h->word.load(std::memory_order_acquire) != seen) watch.collect(fds, n_fds);
-  if (rc == 0 || rc == EAGAIN) return 0;
-  return rc;
+  return watch.sleep(futexes, n_futexes, &h->word, seen, fds, n_fds, deadline_ns);
 }
 
 }  // namespace hotloop::waker_thread
