@@ -83,39 +83,57 @@ struct PyShmRing {
   }
 };
 
+// Writes one message of `n` parts: at once when there is room, otherwise waiting with the GIL released.
+void write_parts(PyShmRing& self, ShmRing& r, const ShmRing::Part* parts, size_t n, int64_t t, WaitPolicy& policy) {
+  if (r.try_write(parts, n)) return;  // room now: no need to let go of the GIL
+  const WaitHooks* hooks = signal_hooks();
+  ReleasedGil released;
+  WaitMetricsScope counted(&self.metrics);
+  r.write(parts, n, t, policy, hooks);
+}
+
 void write(PyShmRing& self, nb::handle parts, const nb::object& timeout, WaitPolicy& policy) {
   ShmRing& r = self.get();
   int64_t t = timeout_ns(timeout, "ShmRing.write");
   PartBuffers buffers(parts);
-  if (r.try_write(buffers.data(), buffers.size())) return;  // room now: no need to let go of the GIL
-  const WaitHooks* hooks = signal_hooks();
-  ReleasedGil released;
-  WaitMetricsScope counted(&self.metrics);
-  r.write(buffers.data(), buffers.size(), t, policy, hooks);
+  write_parts(self, r, buffers.data(), buffers.size(), t, policy);
 }
 
-// Waits for the next message; returns it as an owned buffer (None on timeout).
-nb::object read(PyShmRing& self, const nb::object& timeout, WaitPolicy& policy) {
-  ShmRing& r = self.get();
+// Takes the next message into `m` (false on timeout): one already there without letting go of the GIL (zero
+// timeout: never waits), otherwise waiting with the GIL released. `then()` runs once a message is taken,
+// before the GIL is taken back when it was let go (read's copy of a large message runs without it too).
+template <typename Then>
+bool next_message(PyShmRing& self, ShmRing& r, ShmRing::Message& m, const char* who, const nb::object& timeout,
+                  WaitPolicy& policy, Then&& then) {
   if (self.viewing) throw std::logic_error("release() the message of read_view() before reading the next one");
-  int64_t t = timeout_ns(timeout, "ShmRing.read");
+  int64_t t = timeout_ns(timeout, who);
+  if (r.readable() && r.read(m, 0, policy, nullptr)) {
+    then();
+    return true;
+  }
   const WaitHooks* hooks = signal_hooks();
-  ShmRing::Message m;
-  // A message already there is taken without letting go of the GIL (zero timeout: never waits).
-  if (r.readable() && r.read(m, 0, policy, nullptr)) return to_python(take_owned(r, m));
-  OwnedBytes owned;
   bool got;
   {
     ReleasedGil released;
     WaitMetricsScope counted(&self.metrics);
     got = r.read(m, t, policy, hooks);
     if (got) {
-      owned = take_owned(r, m);  // large copies run without the GIL too
+      then();
       prompt_gil_enter();
     }
   }
-  if (!got) return nb::none();
-  prompt_gil_exit();
+  if (got) prompt_gil_exit();
+  return got;
+}
+
+// Waits for the next message; returns it as an owned buffer (None on timeout).
+nb::object read(PyShmRing& self, const nb::object& timeout, WaitPolicy& policy) {
+  ShmRing& r = self.get();
+  ShmRing::Message m;
+  OwnedBytes owned;
+  if (!next_message(self, r, m, "ShmRing.read", timeout, policy, [&] { owned = take_owned(r, m); })) {
+    return nb::none();
+  }
   return to_python(std::move(owned));
 }
 
@@ -154,10 +172,12 @@ struct ObjectLoaders {
   nb::object nothing;        // returned on timeout (None is a message like any other)
 };
 
+void clear_list(nb::handle list) { PyList_SetSlice(list.ptr(), 0, PyList_GET_SIZE(list.ptr()), nullptr); }
+
 // Clears a list (what the pickler wrote) however the write below ends.
 struct ListClear {
-  PyObject* list;
-  ~ListClear() { PyList_SetSlice(list, 0, PyList_GET_SIZE(list), nullptr); }
+  nb::handle list;
+  ~ListClear() { clear_list(list); }
 };
 
 // Pickles `obj` with the thread's pickler. A bare pickle (no out-of-band buffer: requests, scheduler outputs,
@@ -172,15 +192,13 @@ bool write_object(PyShmRing& self, nb::handle obj, const nb::object& timeout, Wa
   if (done == nullptr) {
     nb::python_error e;  // takes the pending exception
     sink.clear_memo();
-    for (nb::handle l : {sink.chunks, sink.buffers, sink.keep_alive}) {
-      PyList_SetSlice(l.ptr(), 0, PyList_GET_SIZE(l.ptr()), nullptr);
-    }
+    for (nb::handle l : {sink.chunks, sink.buffers, sink.keep_alive}) clear_list(l);
     throw e;
   }
   Py_DECREF(done);
   sink.clear_memo();  // the memo would keep obj's parts alive
   if (PyList_GET_SIZE(chunks) != 1 || PyList_GET_SIZE(sink.buffers.ptr()) != 0) return false;
-  ListClear clear{chunks};
+  ListClear clear{sink.chunks};
   Py_buffer view;
   if (PyObject_GetBuffer(PyList_GET_ITEM(chunks, 0), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
   struct ViewRelease {
@@ -188,11 +206,7 @@ bool write_object(PyShmRing& self, nb::handle obj, const nb::object& timeout, Wa
     ~ViewRelease() { PyBuffer_Release(v); }
   } release_view{&view};
   const ShmRing::Part part{view.buf, size_t(view.len)};
-  if (r.try_write(&part, 1)) return true;  // room now: no need to let go of the GIL
-  const WaitHooks* hooks = signal_hooks();
-  ReleasedGil released;
-  WaitMetricsScope counted(&self.metrics);
-  r.write(&part, 1, t, policy, hooks);
+  write_parts(self, r, &part, 1, t, policy);
   return true;
 }
 
@@ -200,22 +214,8 @@ bool write_object(PyShmRing& self, nb::handle obj, const nb::object& timeout, Wa
 // fits one record is unpickled in ring memory, then the record released: no copy, no buffer object.
 nb::object read_object(PyShmRing& self, const nb::object& timeout, WaitPolicy& policy, ObjectLoaders& loaders) {
   ShmRing& r = self.get();
-  if (self.viewing) throw std::logic_error("release() the message of read_view() before reading the next one");
-  int64_t t = timeout_ns(timeout, "ShmRing.read_object");
   ShmRing::Message m;
-  // A message already there is taken without letting go of the GIL (zero timeout: never waits).
-  if (!(r.readable() && r.read(m, 0, policy, nullptr))) {
-    const WaitHooks* hooks = signal_hooks();
-    bool got;
-    {
-      ReleasedGil released;
-      WaitMetricsScope counted(&self.metrics);
-      got = r.read(m, t, policy, hooks);
-      if (got) prompt_gil_enter();
-    }
-    if (!got) return loaders.nothing;
-    prompt_gil_exit();
-  }
+  if (!next_message(self, r, m, "ShmRing.read_object", timeout, policy, [] {})) return loaders.nothing;
   if (m.owned.empty() && m.size > 0 && m.data[0] == kPickleProto) {
     struct RecordRelease {
       ShmRing& r;
