@@ -47,7 +47,7 @@ import zmq.auth.thread
 import zmq.utils.monitor
 import zmq.utils.z85
 
-from hotloop._core import ClosedError, DeadPeerError, FdSource, Flag, SourceError, WaitPolicy, wait_any
+from hotloop._core import ClosedError, DeadPeerError, FdSource, SourceError, WaitPolicy, wait_any
 
 KIND_MESSAGE = b"M"
 KIND_SHUTDOWN = b"S"
@@ -332,7 +332,7 @@ class RemoteSubscriber:
                     os.close(fd)
             self._ctx.destroy(linger=0)
             raise
-        self._cancelled = Flag()  # set by cancel_waits()/close() from any thread (with _cancel_fd written)
+        self._cancelled = False  # set by cancel_waits()/close() from any thread (which also write _cancel_fd)
         self._lock = threading.Lock()  # ZeroMQ sockets are single-threaded: close() waits for a drain in progress
         self._pending: bytearray | None = None  # a received message not yet handed out
         self._lent: memoryview | None = None
@@ -423,7 +423,7 @@ class RemoteSubscriber:
             try:
                 wait_any([self._fd_source], timeout=left, policy=policy or self.DEFAULT_POLICY)
             except SourceError:
-                if not self._cancelled.is_set():
+                if not self._cancelled:
                     raise  # closed by close() in another thread: the next drain raises ClosedError
             woken = True
 
@@ -440,7 +440,7 @@ class RemoteSubscriber:
 
     def cancel_waits(self) -> None:
         """Any thread: every wait of this reader, running or later, ends with ClosedError."""
-        self._cancelled.set()
+        self._cancelled = True
         with self._lock:  # never held across a wait: only while ZeroMQ is read
             if not self.closed:
                 os.eventfd_write(self._cancel_fd, 1)  # wakes a thread waiting on the sockets
@@ -491,7 +491,7 @@ class RemoteSubscriber:
         self._take_message()
 
     def _check_open(self) -> None:
-        if self.closed or self._cancelled.is_set():
+        if self.closed or self._cancelled:
             raise ClosedError(f"queue {self.name}: this reader was closed or shut down")
 
     def _take_events(self) -> None:

@@ -180,13 +180,7 @@ def assemble(enc: _Encoder) -> tuple[tuple, tuple | list]:
     return (header, *pickled, *buffers), keep_alive
 
 
-class _Nothing:
-    """What ShmRing.read_object returns on timeout."""
-
-    __slots__ = ()
-
-
-NOTHING = _Nothing()
+NOTHING = object()  # what ShmRing.read_object returns on timeout (None is a message like any other)
 
 
 def loads(buffer):
