@@ -7,6 +7,7 @@ port; the handle's repr hides the keys."""
 import multiprocessing as mp
 import os
 import signal
+import threading
 
 import pytest
 import zmq
@@ -95,6 +96,39 @@ def test_a_stranger_that_never_reads_cannot_stall_enqueue(zctx):
             assert reader.dequeue_bytes(timeout=5) == block
         reader.close()
         stranger.close(linger=0)
+
+
+def test_queues_of_one_process_admit_only_their_own_readers_keys(zctx):
+    """The writers of one process share one ZAP handler: a key of queue A (a real reader of A) is refused by queue
+    B, closing A leaves B serving its reader, and closing the last one ends the ZAP handler's thread."""
+    threads = threading.active_count()
+    a = MessageQueue(1, n_local_reader=0, connect_ip=LOOPBACK)
+    b = MessageQueue(1, n_local_reader=0, connect_ip=LOOPBACK)
+    ha, hb = a.export_handle(), b.export_handle()
+    sock = zctx.socket(zmq.SUB)
+    sock.curve_serverkey = hb.remote_server_key
+    sock.curve_publickey, sock.curve_secretkey = ha.remote_client_keys[0]  # A's rank-0 keys at B's address
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.SUBSCRIBE, _rank_topic(0))
+    sock.connect(hb.remote_address)
+    _wait_for(lambda: b.network_stats["rejected_peers"] >= 1)
+    with pytest.raises(TimeoutError, match="0 of 1 remote"):
+        b.wait_until_ready(timeout=0.3)
+    reader_a = MessageQueue.create_from_handle(ha, 0)
+    a.wait_until_ready(timeout=10)
+    a.enqueue("to a", timeout=5)
+    assert reader_a.dequeue(timeout=5) == "to a"
+    reader_a.close()
+    a.close()
+    reader_b = MessageQueue.create_from_handle(hb, 0)
+    b.wait_until_ready(timeout=10)
+    b.enqueue("to b", timeout=5)
+    assert reader_b.dequeue(timeout=5) == "to b"
+    assert sock.poll(200) == 0, "a reader of another queue received a message"
+    reader_b.close()
+    b.close()
+    sock.close(linger=0)
+    assert threading.active_count() == threads
 
 
 def _authenticated_raw_peer(ctx, handle, rank):

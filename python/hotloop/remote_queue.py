@@ -25,9 +25,10 @@ Contract:
   it advertises unless told otherwise; a reader checks the server's key, so it never talks to an impostor.
 - A message of one part (every message without out-of-band buffers) travels as one frame, the message itself;
   anything else as several frames ``[kind, *parts]``: kind ``M`` carries the parts of one message (joined by the
-  reader into one buffer it owns), kind ``S`` (with an empty part) is the writer's shutdown. ``write`` looks at the
-  subscriptions only when ZeroMQ says some arrived (reading ``ZMQ_EVENTS``, no exception on the common path), and
-  at refused handshakes every ``REJECTION_CHECK_EVERY`` writes. ZeroMQ sends from its own thread: a message is on
+  reader into one buffer it owns), kind ``S`` (with an empty part) is the writer's shutdown. ``write`` looks at
+  subscriptions and refused handshakes every ``PEER_CHECK_EVERY`` writes and whenever ``PEER_CHECK_INTERVAL``
+  passed since the last look, so a reader's arrival, departure or second attach is seen within that much of the
+  writer's own time (a look costs two system calls, more than sending a 64 B message). ZeroMQ sends from its own thread: a message is on
   its way when ``write`` returns, and one the writer's process is killed right after may not arrive. A lost
   connection (the writer's process died or the network failed) raises DeadPeerError in the reader once every
   message received before it has been read. A reader parks at once by default (``DEFAULT_POLICY``).
@@ -51,10 +52,12 @@ from hotloop._core import ClosedError, DeadPeerError, FdSource, SourceError, Wai
 
 KIND_MESSAGE = b"M"
 KIND_SHUTDOWN = b"S"
-# Refused handshakes are counted from the monitor socket at least every this many sends (and at every look at the
-# subscriptions): a check costs a ZMQ_EVENTS read (~1 us measured on this project's 2-core machines), too much
-# for every 64 B message, and counting them later changes nothing but the log line's time.
-REJECTION_CHECK_EVERY = 64
+# A writer takes in subscription changes and refused handshakes at least every this many sends and this often: a
+# look reads ZMQ_EVENTS or receives (each a system call in ZeroMQ, ~1.2 us measured on this project's 2-core
+# machines, where a 64 B send costs 0.4 us), and finding a reader's departure a few milliseconds later changes
+# nothing but when write() raises.
+PEER_CHECK_EVERY = 64
+PEER_CHECK_INTERVAL = 0.002  # seconds
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 ZAP_DOMAIN = "hotloop"
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -99,23 +102,91 @@ def _keepalive(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 2)
 
 
-class _RankAuthenticator(zmq.auth.thread.ThreadAuthenticator):
-    """ZAP handler: admits the client keys of this queue's remote ranks and names each connection by its rank."""
+class _ZapHandler(zmq.auth.thread.ThreadAuthenticator):
+    """The process's ZAP handler: admits, per writer (its ZAP domain), the client keys of that queue's remote ranks,
+    and names each connection by its rank (keys are fresh per queue, so a key names one rank of one queue)."""
 
-    def __init__(self, ctx: zmq.Context, client_keys: dict[bytes, int], queue_name: str):
+    def __init__(self, ctx: zmq.Context):
         super().__init__(ctx, log=log.getChild("zap"))
-        self._ranks = client_keys  # z85 public key -> rank
-        self._queue_name = queue_name
-        self.denied = 0
+        self._domains: dict[str, dict[bytes, int]] = {}  # ZAP domain -> {z85 public key -> rank}
+        self._ranks: dict[bytes, int] = {}  # every admitted key -> its rank
+
+    def admit(self, domain: str, client_keys: dict[bytes, int]) -> None:
+        self._ranks.update(client_keys)
+        self._domains[domain] = client_keys
+        self.configure_curve_callback(domain, credentials_provider=self)
+
+    def forget(self, domain: str) -> None:
+        for key in self._domains.pop(domain, {}):
+            self._ranks.pop(key, None)
+        self.credentials_providers.pop(domain, None)
 
     def callback(self, domain: str, key: bytes) -> bool:  # the credentials provider's hook
-        if key in self._ranks:
-            return True
-        self.denied += 1
-        return False
+        return key in self._domains.get(domain, ())
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         return str(self._ranks[zmq.utils.z85.encode(client_public_key)])
+
+
+class _ProcessZmq:
+    """The ZeroMQ context every remote queue end of this process shares, and its one ZAP handler.
+
+    One context, so one ZeroMQ I/O thread carries a process's writers and readers (a 64 B round trip through a
+    writer and a reader in each of two processes measured 1.12x slower with a context per queue end: two I/O
+    threads per process to wake instead of one). Counted: the last end to close terminates it, which waits for
+    the sockets' linger (a writer's shutdown message still goes out before its close() returns). A forked child
+    makes its own on first use and leaves the parent's alone."""
+
+    _lock = threading.Lock()
+    _current: _ProcessZmq | None = None
+    _inherited: list[_ProcessZmq] = []  # a parent's, seen after a fork: kept, never used or terminated
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.ctx = zmq.Context()
+        self.users = 0
+        self.zap: _ZapHandler | None = None
+        self._domains = 0
+
+    @classmethod
+    def acquire(cls) -> _ProcessZmq:
+        with cls._lock:
+            if cls._current is not None and cls._current.pid != os.getpid():
+                cls._inherited.append(cls._current)
+                cls._current = None
+            if cls._current is None:
+                cls._current = cls()
+            cls._current.users += 1
+            return cls._current
+
+    def release(self) -> None:
+        with self._lock:
+            if self.pid != os.getpid():
+                return
+            self.users -= 1
+            if self.users:
+                return
+            if _ProcessZmq._current is self:
+                _ProcessZmq._current = None
+            if self.zap is not None:
+                self.zap.stop()
+            self.ctx.term()
+
+    def admit(self, client_keys: dict[bytes, int]) -> str:
+        """A new ZAP domain under which exactly `client_keys` (z85 public key -> rank) are admitted."""
+        with self._lock:
+            if self.zap is None:
+                self.zap = _ZapHandler(self.ctx)
+                self.zap.start()
+            self._domains += 1
+            domain = f"{ZAP_DOMAIN}-{self._domains}"
+            self.zap.admit(domain, client_keys)
+            return domain
+
+    def forget(self, domain: str) -> None:
+        with self._lock:
+            if self.zap is not None and self.pid == os.getpid():
+                self.zap.forget(domain)
 
 
 class RemotePublisher:
@@ -126,25 +197,13 @@ class RemotePublisher:
         self.dead_reader = dead_reader
         self._owner_pid = os.getpid()
         (self.server_public, server_secret), self.client_keys = new_keys(ranks)
-        self._ctx = zmq.Context()
-        self._auth = _RankAuthenticator(self._ctx, {pub: r for r, (pub, _) in zip(ranks, self.client_keys)},
-                                        queue_name)
-        self._auth.start()
-        self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self._auth)
-        self._sock = self._ctx.socket(zmq.XPUB)
-        self._sock.curve_server = True
-        self._sock.curve_secretkey = server_secret
-        self._sock.curve_publickey = self.server_public
-        self._sock.zap_domain = ZAP_DOMAIN.encode()
-        self._sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe reaches us
-        self._sock.setsockopt(zmq.XPUB_NODROP, 1)  # a slow reader makes send wait instead of losing messages
-        self._sock.setsockopt(zmq.SNDHWM, hwm)
-        self._sock.setsockopt(zmq.LINGER, 1000)
-        _keepalive(self._sock)
-        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED)
-        connect_ip = connect_ip or default_connect_ip()
-        port = self._sock.bind_to_random_port(f"tcp://{bind_ip or connect_ip}")
-        self.address = f"tcp://{connect_ip}:{port}"
+        self._zmq = _ProcessZmq.acquire()
+        self._sock = self._monitor = None
+        try:
+            self._open(server_secret, connect_ip, bind_ip, hwm)
+        except BaseException:  # a writer that cannot start leaves no sockets or ZAP domain behind
+            self._release()
+            raise
         self.attached: set[int] = set()
         self._subscribers: dict[int, int] = {}  # rank -> readers subscribed as that rank
         self.dead: list[int] = []  # ranks that left, not yet reported
@@ -154,11 +213,40 @@ class RemotePublisher:
         self._topics = {_rank_topic(r): r for r in ranks}
         self.is_shut_down = False
         self._send_timeout_ms = None  # the SNDTIMEO last set (set again only when it changes)
-        self._sends_unchecked = 0  # sends since the last look at refused handshakes
+        self._sends_unchecked = 0  # sends since the last look at subscriptions and refused handshakes
+        self._next_peer_check = 0.0  # time.monotonic() at which write() looks again
+
+    def _open(self, server_secret: bytes, connect_ip: str | None, bind_ip: str | None, hwm: int) -> None:
+        self._zap_domain = self._zmq.admit({pub: r for r, (pub, _) in zip(self.ranks, self.client_keys)})
+        self._sock = self._zmq.ctx.socket(zmq.XPUB)
+        self._sock.curve_server = True
+        self._sock.curve_secretkey = server_secret
+        self._sock.curve_publickey = self.server_public
+        self._sock.zap_domain = self._zap_domain.encode()
+        self._sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe reaches us
+        self._sock.setsockopt(zmq.XPUB_NODROP, 1)  # a slow reader makes send wait instead of losing messages
+        self._sock.setsockopt(zmq.SNDHWM, hwm)
+        self._sock.setsockopt(zmq.LINGER, 1000)
+        _keepalive(self._sock)
+        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED)
+        connect_ip = connect_ip or default_connect_ip()
+        port = self._sock.bind_to_random_port(f"tcp://{bind_ip or connect_ip}")
+        self.address = f"tcp://{connect_ip}:{port}"
+
+    def _release(self) -> None:
+        if getattr(self, "_zap_domain", None) is not None:
+            self._zmq.forget(self._zap_domain)
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+        if self._sock is not None:
+            self._sock.close()
+        self._zmq.release()
 
     def poll_peers(self) -> None:
         """Take in every subscription change and refused handshake that arrived (never blocks)."""
         self._sends_unchecked = 0
+        self._next_peer_check = time.monotonic() + PEER_CHECK_INTERVAL
         self._drain_rejections()
         while True:
             try:
@@ -249,14 +337,15 @@ class RemotePublisher:
         buffer is waited for in ZeroMQ)."""
         if self.is_shut_down:
             raise ClosedError(f"queue {self.queue_name}: enqueue after shutdown()")
-        # Reading ZMQ_EVENTS takes in ZeroMQ's pending commands, so a subscription that arrived shows here.
         self._sends_unchecked += 1
-        if self._sock.get(_EVENTS) & _POLLIN or self._sends_unchecked >= REJECTION_CHECK_EVERY:
+        if self._sends_unchecked >= PEER_CHECK_EVERY or time.monotonic() >= self._next_peer_check:
             self.poll_peers()
         if self.dead or self.twice:
             self._check_peers()
         if not self.attached:
-            return  # every remote reader left (dropped): nothing to send to
+            self.poll_peers()  # a reader of a dropped rank may have come back since the last look
+            if not self.attached:
+                return  # every remote reader left (dropped): nothing to send to
         if len(parts) == 1:
             self._send(parts[0], timeout, multipart=False)
         else:
@@ -292,11 +381,7 @@ class RemotePublisher:
             return
         self.shutdown()
         if os.getpid() == self._owner_pid:  # a forked copy leaves the parent's sockets alone
-            self._sock.disable_monitor()
-            self._monitor.close(linger=0)
-            self._sock.close()
-            self._auth.stop()
-            self._ctx.term()
+            self._release()
         self._sock = None
 
 
@@ -321,16 +406,12 @@ class RemoteSubscriber:
         self.name = queue_name
         self.address = address
         self._owner_pid = os.getpid()
-        self._ctx = zmq.Context()
+        self._zmq = _ProcessZmq.acquire()
+        self._sock = self._monitor = self._epoll = self._signal = self._cancel_fd = None
         try:
             self._connect(address, rank, server_public, client_keys, hwm)
         except BaseException:  # a reader that cannot start leaves no sockets, descriptors or threads behind
-            if getattr(self, "_epoll", None) is not None:
-                self._epoll.close()
-            for fd in (getattr(self, "_signal", None), getattr(self, "_cancel_fd", None)):
-                if fd is not None:
-                    os.close(fd)
-            self._ctx.destroy(linger=0)
+            self._release()
             raise
         self._cancelled = False  # set by cancel_waits()/close() from any thread (which also write _cancel_fd)
         self._lock = threading.Lock()  # ZeroMQ sockets are single-threaded: close() waits for a drain in progress
@@ -341,7 +422,7 @@ class RemoteSubscriber:
         self.closed = False
 
     def _connect(self, address, rank, server_public, client_keys, hwm) -> None:
-        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock = self._zmq.ctx.socket(zmq.SUB)
         self._sock.curve_serverkey = server_public  # the handshake fails against any other server
         self._sock.curve_publickey, self._sock.curve_secretkey = client_keys
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -453,13 +534,20 @@ class RemoteSubscriber:
             self.closed = True
             if os.getpid() != self._owner_pid:
                 return
+            self._release()
+
+    def _release(self) -> None:
+        if self._epoll is not None:
             self._epoll.close()
-            os.close(self._signal)
-            os.close(self._cancel_fd)
+        for fd in (self._signal, self._cancel_fd):
+            if fd is not None:
+                os.close(fd)
+        if self._monitor is not None:
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
+        if self._sock is not None:
             self._sock.close(linger=0)
-            self._ctx.term()
+        self._zmq.release()
 
     # ---- internals ----
 
