@@ -105,3 +105,64 @@ def test_threads_pickle_concurrently_each_with_its_own_pickler():
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_queue_writer_threads_taking_turns_each_pickle_with_their_own_pickler():
+    """The object path finds the calling thread's pickler in C++: threads that take turns writing one queue
+    (bare pickles and messages with buffers mixed, the fallback path then assembling that same thread's parts)
+    deliver every message intact and in order, and each thread's pickler is the one serialization.encoder()
+    gives that thread."""
+    n_threads, per_thread = 4, 300
+    lock, order, errors, encoders = threading.Lock(), [], [], {}
+    with MessageQueue(1, max_chunk_bytes=CHUNK) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+
+        def work(i):
+            encoders[i] = serialization.encoder()
+            for j in range(per_thread):
+                obj = {"thread": i, "j": j, "arr": np.full(3000, i) if j % 5 == 0 else None}
+                with lock:
+                    q.enqueue(obj, timeout=30)
+                    order.append((i, j))
+                    got = r.dequeue(timeout=30)
+                if (got["thread"], got["j"]) != (i, j) or (j % 5 == 0 and not (got["arr"] == i).all()):
+                    errors.append((i, j, got["thread"], got["j"]))
+            if serialization.encoder() is not encoders[i]:
+                errors.append((i, "encoder changed"))
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and len(order) == n_threads * per_thread
+        assert len({id(e) for e in encoders.values()}) == n_threads
+        r.close()
+
+
+def test_a_tensor_sent_after_torch_is_imported_goes_out_of_band():
+    """A process that sent objects before importing torch still sends tensors hotloop's way (out-of-band, one
+    copy), through the object path's per-thread pickler, and reads them back."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs torch==2.13.0)")
+    code = """
+import sys
+from hotloop import MessageQueue, serialization
+assert "torch" not in sys.modules
+q = MessageQueue(1, max_chunk_bytes=1 << 17)
+r = MessageQueue.create_from_handle(q.export_handle(), 0)
+q.enqueue("before torch")
+assert r.dequeue(timeout=5) == "before torch"
+import torch
+t = torch.arange(5000, dtype=torch.float32)
+q.enqueue({"t": t})
+raw = bytes(r.dequeue_bytes(timeout=5))
+assert raw[:4] == serialization.MAGIC, raw[:4]
+assert torch.equal(serialization.loads(bytearray(raw))["t"], t)
+r.close(); q.close()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -156,13 +156,43 @@ nb::object read_view(PyShmRing& self, const nb::object& timeout, WaitPolicy& pol
                                            Py_ssize_t(self.held.size), PyBUF_READ));
 }
 
-// The calling thread's pickler of hotloop.serialization (its _Encoder.native), as write_object uses it.
+// A thread's pickler of hotloop.serialization (its _Encoder.native), as write_object uses it.
 struct PickleSink {
   nb::object dump;        // Pickler.dump, bound: writes the stream into `chunks`
   nb::object clear_memo;  // Pickler.clear_memo, bound
   nb::list chunks;        // the pickle stream, as the pickler handed it to its file
   nb::list buffers;       // out-of-band buffers met while pickling
   nb::list keep_alive;    // objects the out-of-band buffers point into
+  bool torch_registered = false;  // the pickler reduces torch tensors hotloop's way (set by serialization)
+};
+
+// Every thread's pickler (hotloop.serialization.THREAD_PICKLERS): the calling thread's PickleSink is kept in its
+// thread-state dict, so it goes with the thread, and looked up in C++ (a Python call to find it cost more than
+// a 64 B message's write). `make` (serialization's encoder().native, which registers torch's reducer when torch
+// is imported) makes it on the thread's first message, and again once torch is imported.
+struct ThreadPicklers {
+  nb::object make;
+  nb::object key = nb::steal(PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type)));
+  nb::object torch = nb::steal(PyUnicode_InternFromString("torch"));
+
+  nb::object sink() {
+    PyObject* dict = PyThreadState_GetDict();  // borrowed; made on first use
+    if (dict == nullptr) throw std::runtime_error("hotloop: this thread has no Python thread state dict");
+    PyObject* found = PyDict_GetItemWithError(dict, key.ptr());  // borrowed
+    if (found != nullptr) {
+      if (nb::inst_ptr<PickleSink>(found)->torch_registered ||
+          PyDict_GetItemWithError(PyImport_GetModuleDict(), torch.ptr()) == nullptr) {
+        if (PyErr_Occurred()) throw nb::python_error();
+        return nb::borrow(found);
+      }
+    } else if (PyErr_Occurred()) {
+      throw nb::python_error();
+    }
+    nb::object made = make();
+    if (!nb::isinstance<PickleSink>(made)) throw std::logic_error("ThreadPicklers.make must return a PickleSink");
+    if (PyDict_SetItem(dict, key.ptr(), made.ptr()) != 0) throw nb::python_error();
+    return made;
+  }
 };
 
 // How read_object turns a message into an object (hotloop.serialization.OBJECT_LOADERS).
@@ -180,13 +210,16 @@ struct ListClear {
   ~ListClear() { clear_list(list); }
 };
 
-// Pickles `obj` with the thread's pickler. A bare pickle (no out-of-band buffer: requests, scheduler outputs,
-// RPC tuples) is written at once and true returned; otherwise the pickler's chunks and buffers are left for
-// serialization.assemble and false returned. A pickling error leaves the encoder empty and propagates.
+// Pickles `obj` with the calling thread's pickler. A bare pickle (no out-of-band buffer: requests, scheduler
+// outputs, RPC tuples) is written at once and true returned; otherwise the pickler's chunks and buffers are left
+// for serialization.assemble(serialization.encoder()) and false returned. A pickling error leaves the encoder
+// empty and propagates.
 bool write_object(PyShmRing& self, nb::handle obj, const nb::object& timeout, WaitPolicy& policy,
-                  PickleSink& sink) {
+                  ThreadPicklers& picklers) {
   ShmRing& r = self.get();
   int64_t t = timeout_ns(timeout, "ShmRing.write_object");
+  nb::object held = picklers.sink();
+  PickleSink& sink = *nb::inst_ptr<PickleSink>(held);
   PyObject* chunks = sink.chunks.ptr();
   PyObject* done = PyObject_CallOneArg(sink.dump.ptr(), obj.ptr());
   if (done == nullptr) {
@@ -265,7 +298,11 @@ void bind_shm_ring(nb::module_& m) {
 
   nb::class_<PickleSink>(m, "PickleSink", "A thread's pickler, as ShmRing.write_object uses it.")
       .def(nb::init<nb::object, nb::object, nb::list, nb::list, nb::list>(), "dump"_a, "clear_memo"_a, "chunks"_a,
-           "buffers"_a, "keep_alive"_a);
+           "buffers"_a, "keep_alive"_a)
+      .def_rw("torch_registered", &PickleSink::torch_registered);
+  nb::class_<ThreadPicklers>(m, "ThreadPicklers",
+                             "Every thread's PickleSink, as ShmRing.write_object finds the calling thread's.")
+      .def(nb::init<nb::object>(), "make"_a);
   nb::class_<ObjectLoaders>(m, "ObjectLoaders", "How ShmRing.read_object turns a message into an object.")
       .def(nb::init<nb::object, nb::object, nb::object>(), "bare_loads"_a, "general_loads"_a, "nothing"_a);
 
@@ -297,8 +334,8 @@ void bind_shm_ring(nb::module_& m) {
       .def("read", &read, "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
            "The next message as an owned buffer, or None on timeout.")
       .def("write_object", &write_object, "obj"_a.none(), "timeout"_a = nb::none(), "policy"_a = WaitPolicy(),
-           "sink"_a, "Pickle obj with the thread's pickler and write it when it is one bare pickle (True); "
-           "otherwise leave the pickled parts in the sink (False).")
+           "picklers"_a, "Pickle obj with the calling thread's pickler and write it when it is one bare pickle "
+           "(True); otherwise leave the pickled parts in that pickler's sink (False).")
       .def("read_object", &read_object, "timeout"_a = nb::none(), "policy"_a = WaitPolicy(), "loaders"_a,
            "The next message as an object (a bare pickle is unpickled in ring memory); loaders.nothing on "
            "timeout.")

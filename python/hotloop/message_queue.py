@@ -38,6 +38,7 @@ from hotloop.queue_backends import ReaderBackend, WriterBackend
 from hotloop.remote_queue import RemotePublisher, RemoteSubscriber
 
 _OBJECT_LOADERS, _NOTHING = serialization.OBJECT_LOADERS, serialization.NOTHING
+_THREAD_PICKLERS = serialization.THREAD_PICKLERS
 
 HANDLE_VERSION = 4  # 4: messages without out-of-band buffers are bare pickles; remote one-part messages one frame
 DEFAULT_RING_BYTES = 1 << 24
@@ -270,11 +271,10 @@ class MessageQueue:
         ring = self._object_ring
         if ring is None:
             parts, keep_alive = serialization.dumps(obj)
+        elif ring.write_object(obj, timeout, self._policy, _THREAD_PICKLERS):
+            return  # a bare pickle, pickled and written in one call
         else:
-            enc = serialization.encoder()
-            if ring.write_object(obj, timeout, self._policy, enc.native):
-                return  # a bare pickle, pickled and written in one call
-            parts, keep_alive = serialization.assemble(enc)
+            parts, keep_alive = serialization.assemble(serialization.encoder())
         self._write(parts, timeout)
         del keep_alive
 

@@ -9,9 +9,10 @@ buffer as it is in memory. The ring copies the parts once into shared memory, so
 owns (the queue hands each reader its own copy), never ring memory that will be reused.
 
 Shared memory takes a shorter way for the same formats: ``ShmRing.write_object`` pickles with the thread's
-pickler (``encoder().native``) and writes a bare pickle in the same call (``assemble`` finishes any other
-message); ``ShmRing.read_object`` unpickles a bare pickle that fits one record in ring memory, before releasing
-the record (``pickle.loads`` keeps nothing of its input), and hands anything else to ``loads`` as a copy.
+pickler (``encoder()``'s, found in C++ through ``THREAD_PICKLERS``) and writes a bare pickle in the same call
+(``assemble`` finishes any other message); ``ShmRing.read_object`` unpickles a bare pickle that fits one record
+in ring memory, before releasing the record (``pickle.loads`` keeps nothing of its input), and hands anything
+else to ``loads`` as a copy.
 
 Formats: a bare pickle starts with the PROTO opcode (0x80); a message with buffers starts with the header
 ``<4s I I`` magic ``HLM1``, number of out-of-band buffers, pickle length, then one ``<Q`` length per buffer.
@@ -115,7 +116,7 @@ class _Encoder:
         table = dict(copyreg.dispatch_table)
         table[torch.Tensor] = lambda t: _reduce_tensor(t, self.keep_alive)
         self.pickler.dispatch_table = table  # consulted by exact type, in C: other objects pay nothing
-        self.torch_registered = True
+        self.torch_registered = self.native.torch_registered = True
 
 
 class _ListWriter:
@@ -136,12 +137,16 @@ _MODULES = sys.modules
 
 
 def encoder() -> _Encoder:
-    """The calling thread's pickler (for ShmRing.write_object: pass its ``native``, then ``assemble`` it when
-    write_object returns False)."""
+    """The calling thread's pickler (ShmRing.write_object finds the same one through THREAD_PICKLERS; when it
+    returns False, ``assemble`` this)."""
     enc = _PER_THREAD.encoder
     if not enc.torch_registered and "torch" in _MODULES:
         enc.register_torch()
     return enc
+
+
+# Every thread's encoder as ShmRing.write_object finds the calling thread's: in its thread-state dict, in C++.
+THREAD_PICKLERS = _core.ThreadPicklers(lambda: encoder().native)
 
 
 def dumps(obj) -> tuple[tuple, tuple | list]:
