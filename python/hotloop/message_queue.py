@@ -288,7 +288,7 @@ class MessageQueue:
         if self.rank >= 0:  # not is_writer (a property call less on the hot path)
             raise RuntimeError(f"queue {self.name}: reader rank {self.rank} cannot enqueue; only the writer can")
         if self._remote is not None and self._max_message_bytes:  # the ring checks its own
-            size = sum(memoryview(p).nbytes for p in parts)
+            size = memoryview(parts[0]).nbytes if len(parts) == 1 else sum(memoryview(p).nbytes for p in parts)
             if size > self._max_message_bytes:
                 raise ValueError(f"queue {self.name}: message of {size} bytes is larger than max_message_bytes="
                                  f"{self._max_message_bytes}; send less or raise the limit")
