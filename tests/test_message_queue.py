@@ -3,6 +3,7 @@ and no /dev/shm leftovers. Tests taking the ``backend`` fixture run over shared-
 readers alike (test_message_queue_remote.py has what only the network path has)."""
 
 import asyncio
+import gc
 import hashlib
 import multiprocessing as mp
 import os
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 import hotloop
-from hotloop import ClosedError, DeadPeerError, MessageQueue, WaitPolicy
+from hotloop import ClosedError, DeadPeerError, MessageQueue, WaitPolicy, serialization
 
 CTX = mp.get_context("fork")
 RING = 1 << 16  # max_chunk_bytes below gives this ring size
@@ -413,3 +414,45 @@ def test_closing_inherited_copies_in_a_forked_child_leaves_the_parents_queue_alo
             q.enqueue_bytes(b"m" * 900, timeout=0.05)
     q.close()
     r.close()
+
+
+def test_shared_memory_enqueue_and_dequeue_are_one_call_unless_a_subclass_overrides_them():
+    """A queue whose only side is shared memory binds enqueue/dequeue to its ring (one C++ call per message,
+    timeouts still name the queue); a subclass's own enqueue/dequeue are kept, and they reach the same ring."""
+    from hotloop import _core
+
+    class Counting(MessageQueue):
+        calls = 0
+
+        def dequeue(self, timeout=None):
+            Counting.calls += 1
+            return super().dequeue(timeout)
+
+    with MessageQueue(1) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        assert isinstance(q.enqueue, _core.ObjectWriter) and isinstance(r.dequeue, _core.ObjectReader)
+        q.enqueue({"k": 1})
+        q.enqueue(None, timeout=1)
+        assert r.dequeue() == {"k": 1} and r.dequeue(timeout=1) is None
+        with pytest.raises(TimeoutError, match=f"queue {q.name}: no message within 0.01 s"):
+            r.dequeue(timeout=0.01)
+        r.close()
+    with Counting(1) as q:
+        r = Counting.create_from_handle(q.export_handle(), 0)
+        assert isinstance(q.enqueue, _core.ObjectWriter) and not isinstance(r.dequeue, _core.ObjectReader)
+        q.enqueue("via the subclass")
+        assert r.dequeue(timeout=5) == "via the subclass" and Counting.calls == 1
+        r.close()
+    # The bound calls keep their ring open as bound methods kept the queue; the queue's last reference closes it.
+    q = MessageQueue(1)
+    recv = MessageQueue.create_from_handle(q.export_handle(), 0).dequeue
+    send = q.enqueue
+    del q
+    gc.collect()
+    send(b"kept")
+    assert recv(timeout=5) == b"kept"
+    del send
+    with pytest.raises(ClosedError):
+        recv(timeout=5)  # the writer's last reference went: shut down, and the reader is told
+    with pytest.raises(TypeError, match="ring must be a ShmRing"):
+        _core.ObjectReader(object(), _core.WaitPolicy(), serialization.OBJECT_LOADERS, "q")
