@@ -271,10 +271,6 @@ nb::object read_object(PyShmRing& self, const nb::object& timeout, WaitPolicy& p
   return loaders.general_loads(to_python(take_owned(r, m)));
 }
 
-template <typename T>
-void require(const nb::object& o, const char* what, const char* type_name) {
-  if (!nb::isinstance<T>(o)) throw nb::type_error((std::string(what) + " must be a " + type_name).c_str());
-}
 
 // MessageQueue.enqueue and .dequeue of a queue whose only side is shared memory: bound to its ring and wait
 // policy, one C++ call per message (a Python method around write_object / read_object cost ~60 ns a call, a
@@ -309,6 +305,18 @@ struct ObjectReader {
     return obj;
   }
 };
+
+// ObjectWriter's and ObjectReader's __init__ (ring, policy, helper, last): the call casts its members unchecked,
+// so their types are checked here, once.
+template <typename Call, typename Helper>
+auto checked_init(const char* helper_error) {
+  return [helper_error](Call* self, nb::object ring, nb::object policy, nb::object helper, nb::object last) {
+    if (!nb::isinstance<PyShmRing>(ring)) throw nb::type_error("ring must be a ShmRing");
+    if (!nb::isinstance<WaitPolicy>(policy)) throw nb::type_error("policy must be a WaitPolicy");
+    if (!nb::isinstance<Helper>(helper)) throw nb::type_error(helper_error);
+    new (self) Call{ring, policy, helper, last};
+  };
+}
 
 // A ring wait (wait_all_attached, wait) with the GIL released.
 template <bool (ShmRing::*Wait)(int64_t, WaitPolicy&, const WaitHooks*)>
@@ -349,28 +357,14 @@ void bind_shm_ring(nb::module_& m) {
                            "enqueue(obj, timeout=None) of a MessageQueue whose only side is shared memory: pickle "
                            "obj and write it in one call (a message with out-of-band buffers through "
                            "write_assembled).")
-      .def(
-          "__init__",
-          [](ObjectWriter* self, nb::object ring, nb::object policy, nb::object picklers, nb::object assembled) {
-            require<PyShmRing>(ring, "ring", "ShmRing");
-            require<WaitPolicy>(policy, "policy", "WaitPolicy");
-            require<ThreadPicklers>(picklers, "picklers", "ThreadPicklers");
-            new (self) ObjectWriter{ring, policy, picklers, assembled};
-          },
-          "ring"_a, "policy"_a, "picklers"_a, "write_assembled"_a)
+      .def("__init__", checked_init<ObjectWriter, ThreadPicklers>("picklers must be a ThreadPicklers"), "ring"_a,
+           "policy"_a, "picklers"_a, "write_assembled"_a)
       .def("__call__", &ObjectWriter::operator(), "obj"_a.none(), "timeout"_a = nb::none());
   nb::class_<ObjectReader>(m, "ObjectReader",
                            "dequeue(timeout=None) of a MessageQueue reading shared memory: the next object; "
                            "TimeoutError naming the queue when none came within timeout.")
-      .def(
-          "__init__",
-          [](ObjectReader* self, nb::object ring, nb::object policy, nb::object loaders, nb::object name) {
-            require<PyShmRing>(ring, "ring", "ShmRing");
-            require<WaitPolicy>(policy, "policy", "WaitPolicy");
-            require<ObjectLoaders>(loaders, "loaders", "ObjectLoaders");
-            new (self) ObjectReader{ring, policy, loaders, name};
-          },
-          "ring"_a, "policy"_a, "loaders"_a, "name"_a)
+      .def("__init__", checked_init<ObjectReader, ObjectLoaders>("loaders must be an ObjectLoaders"), "ring"_a,
+           "policy"_a, "loaders"_a, "name"_a)
       .def("__call__", &ObjectReader::operator(), "timeout"_a = nb::none());
   nb::class_<PyShmRing>(m, "ShmRing",
                         "One-writer, many-reader broadcast ring of byte messages in POSIX shared memory (see "
