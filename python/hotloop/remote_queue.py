@@ -167,10 +167,11 @@ class _ProcessZmq:
             if self.users:
                 return
             if _ProcessZmq._current is self:
-                _ProcessZmq._current = None
-            if self.zap is not None:
-                self.zap.stop()
-            self.ctx.term()
+                _ProcessZmq._current = None  # a queue opened from now on gets a new context
+        # Outside the lock: term() waits for the sockets' linger, and other threads may open queues meanwhile.
+        if self.zap is not None:
+            self.zap.stop()
+        self.ctx.term()
 
     def admit(self, client_keys: dict[bytes, int]) -> str:
         """A new ZAP domain under which exactly `client_keys` (z85 public key -> rank) are admitted."""
