@@ -456,3 +456,30 @@ def test_shared_memory_enqueue_and_dequeue_are_one_call_unless_a_subclass_overri
         recv(timeout=5)  # the writer's last reference went: shut down, and the reader is told
     with pytest.raises(TypeError, match="ring must be a ShmRing"):
         _core.ObjectReader(object(), _core.WaitPolicy(), serialization.OBJECT_LOADERS, "q")
+
+
+def test_a_reader_dropped_without_close_leaves_even_when_its_wait_source_is_still_held():
+    """Dropping a reader queue detaches it (the writer goes on past a full ring) unless the caller kept its bound
+    dequeue; a wait source over it, kept somewhere, does not keep it attached."""
+    q = MessageQueue(1, max_chunk_bytes=1024)
+    r = MessageQueue.create_from_handle(q.export_handle(), 0)
+    source = r.hotloop_source
+    del r
+    gc.collect()
+    for _ in range(200):  # many times the ring
+        q.enqueue(b"x" * 512, timeout=5)
+    del source
+    q.close()
+
+
+def test_a_patched_enqueue_is_called():
+    """unittest.mock.patch.object(MessageQueue, "enqueue") replaces what queues made under it call."""
+    from unittest import mock
+
+    with mock.patch.object(MessageQueue, "enqueue") as patched:
+        q = MessageQueue(1)
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.enqueue("hi")
+        assert patched.called and not r.readable()
+        r.close()
+        q.close()

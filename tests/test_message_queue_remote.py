@@ -175,3 +175,74 @@ def test_no_lost_wake_up_when_messages_race_the_readers_wait():
         p.join(10)
     q.close()
     assert got == {0: count, 1: count}
+
+
+def _write_close_and_exit(handle_out, go, keep_another_end: bool, count: int):
+    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
+    other = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1") if keep_another_end else None
+    handle_out.send(q.export_handle())
+    go.recv()
+    q.wait_until_ready(timeout=30)
+    for i in range(count):
+        q.enqueue_bytes(i.to_bytes(4, "little") * (1 << 14), timeout=30)  # 64 KiB: ZeroMQ queues them
+    q.close()
+    import os
+    os._exit(0)  # no interpreter shutdown: what close() returned with is all that was sent
+
+
+@pytest.mark.parametrize("keep_another_end", [False, True])
+def test_a_writer_closed_while_its_process_has_other_queue_ends_still_delivers_what_it_sent(keep_another_end):
+    """close() returns once the writer's queued messages went out (ZeroMQ's linger), also when the process's
+    shared ZeroMQ context lives on for its other queue ends; the process may exit right after."""
+    count = 200
+    a, b = CTX.Pipe()
+    go_a, go_b = CTX.Pipe()
+    child = CTX.Process(target=_write_close_and_exit, args=(b, go_b, keep_another_end, count))
+    child.start()
+    r = MessageQueue.create_from_handle(a.recv(), 0)
+    go_a.send(1)
+    got = [int.from_bytes(r.dequeue_bytes(timeout=30)[:4], "little") for _ in range(count)]
+    assert got == list(range(count))
+    with pytest.raises(ClosedError):
+        r.dequeue_bytes(timeout=30)  # and the shutdown after them
+    r.close()
+    child.join(30)
+    assert child.exitcode == 0
+
+
+def test_a_child_forked_while_another_thread_holds_the_process_zeromq_lock_opens_remote_queues():
+    """The lock around the process's ZeroMQ context is made afresh in a forked child (a thread of the parent
+    may hold it at the fork; the child has no such thread)."""
+    import os
+    import signal
+
+    from hotloop.remote_queue import _ProcessZmq
+
+    with _ProcessZmq._lock:
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a hang ends the child with SIGALRM
+            try:
+                MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1").close()
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_the_zap_handler_survives_a_key_forgotten_between_its_two_questions():
+    """The writer may close between pyzmq's credentials callback and its user-id question: the handler answers a
+    rank that matches nothing instead of raising (which would end the thread that serves every queue)."""
+    from hotloop.remote_queue import _ProcessZmq
+
+    zmq_ = _ProcessZmq.acquire()
+    try:
+        q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
+        zap = zmq_.zap
+        unknown = bytes(32)
+        assert zap.curve_user_id(unknown) == "-1"
+        q.close()
+        assert zap.is_alive()
+    finally:
+        zmq_.release()

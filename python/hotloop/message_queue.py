@@ -26,6 +26,7 @@ import atexit
 import contextlib
 import os
 import re
+import sys
 import threading
 import time
 import weakref
@@ -194,10 +195,10 @@ class MessageQueue:
         # Python method around it cost ~60 ns a message, a fifth of a 64 B object's one-way trip).
         self._object_ring = self._local if self._writers == (self._local,) else None
         self._object_reader = reader if isinstance(reader, _core.ShmRing) else None
-        cls = type(self)
-        if self._object_ring is not None and cls.enqueue is MessageQueue.enqueue:
+        cls = type(self)  # a subclass's override, or a patched class attribute (unittest.mock), is kept
+        if self._object_ring is not None and cls.enqueue is _CLASS_ENQUEUE:
             self.enqueue = _core.ObjectWriter(self._object_ring, self._policy, _THREAD_PICKLERS, _write_assembled)
-        if self._object_reader is not None and cls.dequeue is MessageQueue.dequeue:
+        if self._object_reader is not None and cls.dequeue is _CLASS_DEQUEUE:
             self.dequeue = _core.ObjectReader(self._object_reader, self._policy, _OBJECT_LOADERS, self.name)
         self._async_watcher = None
         assert reader is None or isinstance(reader, ReaderBackend), type(reader)
@@ -271,17 +272,28 @@ class MessageQueue:
         return False
 
     def __del__(self):
-        # A shared-memory ring closes itself when its last reference goes (ShmRing's destructor does what close
-        # does), so a caller that kept q.enqueue or q.dequeue (bound to the ring) keeps it open, as a bound
-        # method kept the whole queue; the rest is released here.
+        # Everything is released here except a shared-memory ring whose bound enqueue/dequeue the caller kept
+        # (`recv = MessageQueue.create_from_handle(h, 0).dequeue`): as a kept bound method kept the whole queue,
+        # that ring stays open, and closes with its last reference (ShmRing's destructor does what close does).
         try:  # not contextlib.suppress: at interpreter exit the module's globals may already be gone
             if self._async_watcher is not None:
                 self._async_watcher.stop()
+            kept = self._rings_of_kept_calls()
             for backend in (self._reader, *self._writers):
-                if backend is not None and not isinstance(backend, _core.ShmRing):
+                if backend is not None and id(backend) not in kept:
                     backend.close()
         except Exception:
             pass
+
+    def _rings_of_kept_calls(self) -> set[int]:
+        """ids of the rings whose bound enqueue/dequeue (ObjectWriter/ObjectReader) someone else still holds."""
+        kept = set()
+        for attr, ring in (("enqueue", self._object_ring), ("dequeue", self._object_reader)):
+            call = self.__dict__.get(attr)
+            # Its references: this instance's dict, `call` here and getrefcount's argument; any more are a caller's.
+            if call is not None and sys.getrefcount(call) > 3:
+                kept.add(id(ring))
+        return kept
 
     # ---- writer ----
 
@@ -384,6 +396,10 @@ class MessageQueue:
                 await asyncio.wait_for(fut, remaining)
             except asyncio.TimeoutError:
                 raise TimeoutError(f"queue {self.name}: no message within {timeout} s") from None
+
+
+# The class's own enqueue/dequeue: a queue binds the C++ calls in their place only while the class still has these.
+_CLASS_ENQUEUE, _CLASS_DEQUEUE = MessageQueue.enqueue, MessageQueue.dequeue
 
 
 class _ReadableWatcher:

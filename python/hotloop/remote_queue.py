@@ -125,7 +125,9 @@ class _ZapHandler(zmq.auth.thread.ThreadAuthenticator):
         return key in self._domains.get(domain, ())
 
     def curve_user_id(self, client_public_key: bytes) -> str:
-        return str(self._ranks[zmq.utils.z85.encode(client_public_key)])
+        # .get: the writer may have closed (forget) between callback() and here; an exception would end the
+        # handler's thread, which serves every queue of the process. Rank -1 matches no rank topic.
+        return str(self._ranks.get(zmq.utils.z85.encode(client_public_key), -1))
 
 
 class _ProcessZmq:
@@ -173,6 +175,15 @@ class _ProcessZmq:
             self.zap.stop()
         self.ctx.term()
 
+    @classmethod
+    def _after_fork_in_child(cls) -> None:
+        # Another thread may have held the lock when this process was forked: the child gets a fresh one, and
+        # leaves the parent's context (and its threads, which the child does not have) alone.
+        cls._lock = threading.Lock()
+        if cls._current is not None:
+            cls._inherited.append(cls._current)
+            cls._current = None
+
     def admit(self, client_keys: dict[bytes, int]) -> str:
         """A new ZAP domain under which exactly `client_keys` (z85 public key -> rank) are admitted."""
         with self._lock:
@@ -188,6 +199,9 @@ class _ProcessZmq:
         with self._lock:
             if self.zap is not None and self.pid == os.getpid():
                 self.zap.forget(domain)
+
+
+os.register_at_fork(after_in_child=_ProcessZmq._after_fork_in_child)
 
 
 class RemotePublisher:
@@ -227,9 +241,10 @@ class RemotePublisher:
         self._sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe reaches us
         self._sock.setsockopt(zmq.XPUB_NODROP, 1)  # a slow reader makes send wait instead of losing messages
         self._sock.setsockopt(zmq.SNDHWM, hwm)
-        self._sock.setsockopt(zmq.LINGER, 1000)
+        self._sock_linger_s = 1.0
+        self._sock.setsockopt(zmq.LINGER, int(self._sock_linger_s * 1000))
         _keepalive(self._sock)
-        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED)
+        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED)
         connect_ip = connect_ip or default_connect_ip()
         port = self._sock.bind_to_random_port(f"tcp://{bind_ip or connect_ip}")
         self.address = f"tcp://{connect_ip}:{port}"
@@ -237,12 +252,27 @@ class RemotePublisher:
     def _release(self) -> None:
         if getattr(self, "_zap_domain", None) is not None:
             self._zmq.forget(self._zap_domain)
-        if self._monitor is not None:
-            self._sock.disable_monitor()
-            self._monitor.close(linger=0)
         if self._sock is not None:
-            self._sock.close()
+            self._sock.close()  # ZeroMQ's I/O thread still sends what is queued, for up to LINGER
+            if self._monitor is not None:
+                self._wait_until_sent()
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
         self._zmq.release()
+
+    def _wait_until_sent(self) -> None:
+        """After close: wait until ZeroMQ destroyed the socket, which it does once every queued message went out
+        (or LINGER passed); its monitor says so with MONITOR_STOPPED. The process's context may serve other queue
+        ends and so is not terminated here, which is what would otherwise wait for this."""
+        deadline = time.monotonic() + self._sock_linger_s + 1.0
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._monitor.poll(int(left * 1000) + 1):
+                break
+            event = zmq.utils.monitor.recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            if event["event"] == zmq.EVENT_MONITOR_STOPPED:
+                return
+        log.warning("queue %s: the remote writer's socket was not released within %.1f s of close()",
+                    self.queue_name, self._sock_linger_s + 1.0)
 
     def poll_peers(self) -> None:
         """Take in every subscription change and refused handshake that arrived (never blocks)."""

@@ -86,6 +86,20 @@ def _reduce_tensor(obj, keep_alive: list):
                              obj.requires_grad)
 
 
+def _out_of_band_into(buffers: list):
+    """The pickler's buffer_callback: a contiguous buffer goes out-of-band into `buffers`."""
+    append = buffers.append
+
+    def out_of_band(pb: pickle.PickleBuffer):
+        try:
+            append(pb.raw())
+        except BufferError:  # not contiguous: pickled in-band instead
+            return True
+        return False
+
+    return out_of_band
+
+
 class _Encoder:
     """A pickler kept per thread (building one per message costs more than pickling a small one).
 
@@ -98,23 +112,20 @@ class _Encoder:
         self.chunks = []
         self.buffers = []
         self.keep_alive = []
-        self.pickler = pickle.Pickler(_ListWriter(self.chunks.append), protocol=5, buffer_callback=self._out_of_band)
+        # Nothing the pickler holds refers back to the encoder (its callbacks hold the lists only): the native
+        # sink below is not seen by the garbage collector, so a cycle through it would outlive the thread.
+        self.pickler = pickle.Pickler(_ListWriter(self.chunks.append), protocol=5,
+                                      buffer_callback=_out_of_band_into(self.buffers))
         self.dump, self.clear_memo = self.pickler.dump, self.pickler.clear_memo  # bound once: a lookup less each
         self.torch_registered = False
         # The same pickler for ShmRing.write_object, which pickles and writes a bare pickle in one call.
         self.native = _core.PickleSink(self.dump, self.clear_memo, self.chunks, self.buffers, self.keep_alive)
 
-    def _out_of_band(self, pb: pickle.PickleBuffer):
-        try:
-            self.buffers.append(pb.raw())
-        except BufferError:  # not contiguous: pickled in-band instead
-            return True
-        return False
-
     def register_torch(self):
         torch = sys.modules["torch"]
         table = dict(copyreg.dispatch_table)
-        table[torch.Tensor] = lambda t: _reduce_tensor(t, self.keep_alive)
+        keep_alive = self.keep_alive
+        table[torch.Tensor] = lambda t: _reduce_tensor(t, keep_alive)
         self.pickler.dispatch_table = table  # consulted by exact type, in C: other objects pay nothing
         self.torch_registered = self.native.torch_registered = True
 
