@@ -135,9 +135,9 @@ class _ProcessZmq:
 
     One context, so one ZeroMQ I/O thread carries a process's writers and readers (a 64 B round trip through a
     writer and a reader in each of two processes measured 1.12x slower with a context per queue end: two I/O
-    threads per process to wake instead of one). Counted: the last end to close terminates it, which waits for
-    the sockets' linger (a writer's shutdown message still goes out before its close() returns). A forked child
-    makes its own on first use and leaves the parent's alone."""
+    threads per process to wake instead of one). Counted: the last end to close terminates it. A writer's close()
+    does not rely on that to send what it queued: it waits for its own socket's end (RemotePublisher
+    ._wait_until_sent). A forked child makes its own on first use and leaves the parent's alone."""
 
     _lock = threading.Lock()
     _current: _ProcessZmq | None = None
