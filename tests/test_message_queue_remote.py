@@ -4,7 +4,9 @@ of reader share (wait_any, Waiter, asyncio, dead writer / dead reader) runs over
 
 import hashlib
 import multiprocessing as mp
+import os
 import random
+import signal
 import time
 
 import pytest
@@ -186,7 +188,6 @@ def _write_close_and_exit(handle_out, go, keep_another_end: bool, count: int):
     for i in range(count):
         q.enqueue_bytes(i.to_bytes(4, "little") * (1 << 14), timeout=30)  # 64 KiB: ZeroMQ queues them
     q.close()
-    import os
     os._exit(0)  # no interpreter shutdown: what close() returned with is all that was sent
 
 
@@ -213,9 +214,6 @@ def test_a_writer_closed_while_its_process_has_other_queue_ends_still_delivers_w
 def test_a_child_forked_while_another_thread_holds_the_process_zeromq_lock_opens_remote_queues():
     """The lock around the process's ZeroMQ context is made afresh in a forked child (a thread of the parent
     may hold it at the fork; the child has no such thread)."""
-    import os
-    import signal
-
     from hotloop.remote_queue import _ProcessZmq
 
     with _ProcessZmq._lock:

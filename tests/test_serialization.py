@@ -168,26 +168,28 @@ print("ok")
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+def _live_encoders() -> int:
+    return sum(type(o) is serialization._Encoder for o in gc.get_objects())
+
+
 def test_a_thread_that_sent_messages_leaves_no_pickler_behind_when_it_ends():
     """Each thread's pickler goes with the thread (nothing it holds refers back to it: the native sink is not
-    seen by the garbage collector, so such a cycle would stay forever), torch's tensor reducer included."""
+    seen by the garbage collector, so such a cycle would stay forever)."""
     q = MessageQueue(1)
     r = MessageQueue.create_from_handle(q.export_handle(), 0)
 
     def send():
         q.enqueue({"from": threading.get_ident()})
 
-    def live_encoders():
-        gc.collect()
-        return sum(type(o) is serialization._Encoder for o in gc.get_objects())
-
-    before = live_encoders()
+    gc.collect()
+    before = _live_encoders()
     for _ in range(50):
         t = threading.Thread(target=send)
         t.start()
         t.join()
         r.dequeue(timeout=5)
-    assert live_encoders() <= before + 1
+    gc.collect()
+    assert _live_encoders() <= before + 1
     r.close()
     q.close()
 
@@ -196,18 +198,14 @@ def test_an_encoder_is_freed_by_reference_counting_alone():
     """No reference cycle through an encoder, with torch's reducer registered too (the collector cannot break
     one that passes through the native sink)."""
     pytest.importorskip("torch")
-
-    def live_encoders():
-        return sum(type(o) is serialization._Encoder for o in gc.get_objects())
-
     gc.collect()
-    before = live_encoders()
+    before = _live_encoders()
     gc.disable()
     try:
         for _ in range(10):
             enc = serialization._Encoder()
             enc.register_torch()
             del enc
-        assert live_encoders() == before
+        assert _live_encoders() == before
     finally:
         gc.enable()

@@ -271,7 +271,6 @@ nb::object read_object(PyShmRing& self, const nb::object& timeout, WaitPolicy& p
   return loaders.general_loads(to_python(take_owned(r, m)));
 }
 
-
 // MessageQueue.enqueue and .dequeue of a queue whose only side is shared memory: bound to its ring and wait
 // policy, one C++ call per message (a Python method around write_object / read_object cost ~60 ns a call, a
 // fifth of a 64 B object's one-way trip).

@@ -302,12 +302,11 @@ class MessageQueue:
         ClosedError (after shutdown), ValueError (larger than max_message_bytes); pickling errors leave the
         queue untouched."""
         ring = self._object_ring
-        if ring is None:
-            parts, keep_alive = serialization.dumps(obj)
-        elif ring.write_object(obj, timeout, self._policy, _THREAD_PICKLERS):
-            return  # a bare pickle, pickled and written in one call
-        else:
-            parts, keep_alive = serialization.assemble(serialization.encoder())
+        if ring is not None:  # what the bound ObjectWriter does, for a subclass that calls this method
+            if not ring.write_object(obj, timeout, self._policy, _THREAD_PICKLERS):
+                _write_assembled(ring, timeout, self._policy)  # not a bare pickle: the parts it left
+            return
+        parts, keep_alive = serialization.dumps(obj)
         self._write(parts, timeout)
         del keep_alive
 

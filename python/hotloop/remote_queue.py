@@ -58,6 +58,7 @@ KIND_SHUTDOWN = b"S"
 # nothing but when write() raises.
 PEER_CHECK_EVERY = 64
 PEER_CHECK_INTERVAL = 0.002  # seconds
+WRITER_LINGER_S = 1.0  # how long a closed writer's socket still sends what it had queued
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 ZAP_DOMAIN = "hotloop"
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -153,9 +154,7 @@ class _ProcessZmq:
     @classmethod
     def acquire(cls) -> _ProcessZmq:
         with cls._lock:
-            if cls._current is not None and cls._current.pid != os.getpid():
-                cls._inherited.append(cls._current)
-                cls._current = None
+            cls._set_aside_parents()  # a fork that skipped the at-fork hook (not through os.fork)
             if cls._current is None:
                 cls._current = cls()
             cls._current.users += 1
@@ -180,7 +179,12 @@ class _ProcessZmq:
         # Another thread may have held the lock when this process was forked: the child gets a fresh one, and
         # leaves the parent's context (and its threads, which the child does not have) alone.
         cls._lock = threading.Lock()
-        if cls._current is not None:
+        cls._set_aside_parents()
+
+    @classmethod
+    def _set_aside_parents(cls) -> None:
+        """In a forked child: keep the parent's context (never used or terminated here) and start afresh."""
+        if cls._current is not None and cls._current.pid != os.getpid():
             cls._inherited.append(cls._current)
             cls._current = None
 
@@ -241,8 +245,7 @@ class RemotePublisher:
         self._sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe reaches us
         self._sock.setsockopt(zmq.XPUB_NODROP, 1)  # a slow reader makes send wait instead of losing messages
         self._sock.setsockopt(zmq.SNDHWM, hwm)
-        self._sock_linger_s = 1.0
-        self._sock.setsockopt(zmq.LINGER, int(self._sock_linger_s * 1000))
+        self._sock.setsockopt(zmq.LINGER, int(WRITER_LINGER_S * 1000))
         _keepalive(self._sock)
         self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED)
         connect_ip = connect_ip or default_connect_ip()
@@ -264,7 +267,7 @@ class RemotePublisher:
         """After close: wait until ZeroMQ destroyed the socket, which it does once every queued message went out
         (or LINGER passed); its monitor says so with MONITOR_STOPPED. The process's context may serve other queue
         ends and so is not terminated here, which is what would otherwise wait for this."""
-        deadline = time.monotonic() + self._sock_linger_s + 1.0
+        deadline = time.monotonic() + WRITER_LINGER_S + 1.0
         while (left := deadline - time.monotonic()) > 0:
             if not self._monitor.poll(int(left * 1000) + 1):
                 break
@@ -272,7 +275,7 @@ class RemotePublisher:
             if event["event"] == zmq.EVENT_MONITOR_STOPPED:
                 return
         log.warning("queue %s: the remote writer's socket was not released within %.1f s of close()",
-                    self.queue_name, self._sock_linger_s + 1.0)
+                    self.queue_name, WRITER_LINGER_S + 1.0)
 
     def poll_peers(self) -> None:
         """Take in every subscription change and refused handshake that arrived (never blocks)."""

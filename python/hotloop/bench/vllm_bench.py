@@ -56,7 +56,7 @@ def tree(root: int) -> dict[int, str]:
             if line is not None}
 
 
-GLOO_LOOP_THREAD = "gloo_tcp_loop"  # torch's gloo transport: one per gloo context, epoll_wait with a 10 ms tick
+GLOO_LOOP_THREAD = "gloo_tcp_loop"  # torch's gloo transport: one per gloo device, epoll_wait with a 10 ms tick
 
 
 def tree_run_seconds(root: int) -> tuple[float, float]:
@@ -329,8 +329,8 @@ def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), online: bool
          "idle CPU % 5-8 s"], rows,
         note="CPU: the whole process tree (driver, engine core, workers), utime + stime from /proc. Idle: after "
              "the last burst, percent of one core, from every thread's schedstat (per engine, so the same in both "
-             "batch rows); 'of it gloo loops': torch's gloo transport threads (gloo_tcp_loop, one per gloo context "
-             "vLLM's workers make, each waking every 10 ms in epoll_wait), which neither queue touches. "
+             "batch rows); 'of it gloo loops': torch's gloo transport threads (gloo_tcp_loop, one per gloo device "
+             "in vLLM's workers, each waking every 10 ms in epoll_wait), which neither queue touches. "
              "hotloop/vLLM: the ratio within each round, median (min-max). Greedy outputs identical across arms: "
              "yes (asserted).")
     online_keys = {"ttft_p50_ms": 1, "ttft_p99_ms": 1, "itl_p50_ms": 2, "itl_p99_ms": 2, "tok_per_s": 0,
