@@ -17,6 +17,11 @@ Contract:
   process. On an unsupported vLLM it logs a warning and leaves vLLM's queue in place; it never raises.
 - Every process of a deployment must agree: a handle of one class given to the other raises BadHandleError
   saying so (``message_queue.py``).
+- ``HOTLOOP_VLLM_TIMELINE=1`` stamps each request's wait in the engine core (``timeline.py``), on either queue.
+- The engine-core loop (``engine_loop.py``: inputs handled while a step runs, in one hotloop wait) comes with the
+  queue when ``HOTLOOP_VLLM_LOOP`` is 1/true/yes/on (off by default until it meets its latency goals;
+  docs/vllm.md). ``install()`` turns it on in a process that has vLLM's engine core loaded (the engine-core
+  process loads plugins from ``EngineCore.__init__``); workers never load it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import os
 import sys
 
+from hotloop.vllm import engine_loop
 from hotloop.vllm.message_queue import RING_CHUNK_CAP, Handle, MessageQueue
 
 SUPPORTED_VLLM_VERSIONS = ("0.32.0",)
@@ -84,6 +90,21 @@ def enabled_by_env() -> tuple[bool, str]:
     return False, "neither HOTLOOP_VLLM=1 nor VLLM_PLUGINS naming 'hotloop' is set"
 
 
+def loop_enabled() -> bool:
+    """Whether the environment asks for the engine-core loop (HOTLOOP_VLLM_LOOP; off unless set)."""
+    return _env_flag("HOTLOOP_VLLM_LOOP") is True
+
+
+def _install_loop() -> bool:
+    """The engine-core loop, where the environment asks for it and vLLM's engine core is loaded."""
+    if loop_enabled() and "vllm.v1.engine.core" in sys.modules:
+        engine_loop.install()
+        log.info("hotloop: vLLM's engine core handles its inputs while a step runs (HOTLOOP_VLLM_LOOP=%s) in "
+                 "process %d", os.environ["HOTLOOP_VLLM_LOOP"], os.getpid())
+        return True
+    return False
+
+
 def is_installed() -> bool:
     """Whether vLLM's MessageQueue is hotloop's in this process."""
     mod = sys.modules.get(_SHM_BROADCAST)
@@ -101,6 +122,7 @@ def install() -> list[str]:
     shm_broadcast = importlib.import_module(_SHM_BROADCAST)
     current = shm_broadcast.__dict__["MessageQueue"]
     if current is MessageQueue:
+        _install_loop()
         return [name for name, _ in _patched]
     _original = current
     for name, mod in list(sys.modules.items()):
@@ -110,6 +132,7 @@ def install() -> list[str]:
             _patched.append((name, "MessageQueue"))
     log.info("hotloop: vLLM %s runs on hotloop's MessageQueue (shared-memory ring, GIL-free spin/yield/park waits) "
              "in process %d; patched %d module(s)", version, os.getpid(), len(_patched))
+    _install_loop()
     return [name for name, _ in _patched]
 
 
@@ -117,6 +140,7 @@ def uninstall() -> None:
     """Put vLLM's own MessageQueue back where install() replaced it (this process only; HOTLOOP_VLLM is
     removed from os.environ)."""
     global _original
+    engine_loop.uninstall()
     if _original is not None:
         for name, attr in _patched:
             mod = sys.modules.get(name)
@@ -128,7 +152,12 @@ def uninstall() -> None:
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: install() when the environment asks for it, else nothing."""
+    """The ``vllm.general_plugins`` entry point: install() when the environment asks for it, else nothing
+    (``HOTLOOP_VLLM_TIMELINE=1`` stamps the engine core's queue wait on either queue: ``timeline.py``)."""
+    if _env_flag("HOTLOOP_VLLM_TIMELINE") and "vllm.v1.engine.core" in sys.modules:
+        from hotloop.vllm import timeline
+
+        timeline.install()
     enabled, why = enabled_by_env()
     if not enabled:
         log.debug("hotloop: vLLM plugin not enabled (%s); vLLM keeps its own MessageQueue", why)
@@ -140,4 +169,4 @@ def register() -> None:
 
 
 __all__ = ["Handle", "MessageQueue", "RING_CHUNK_CAP", "SUPPORTED_VLLM_VERSIONS", "check_version", "enabled_by_env",
-           "install", "is_installed", "register", "uninstall", "vllm_version"]
+           "engine_loop", "install", "is_installed", "loop_enabled", "register", "uninstall", "vllm_version"]

@@ -1,0 +1,273 @@
+"""The engine-core loop: vLLM's engine core handles its inputs while a step runs, in one hotloop wait.
+
+Contract:
+
+- What vLLM does (0.32, ``vllm/v1/engine/core.py``): ``step()`` sends a step to the workers and blocks in
+  ``future.result()`` until rank 0 answers (``step_with_batch_queue()`` the same on the oldest batch); a request
+  that reaches the engine core meanwhile waits in its ``input_queue`` until the step is over.
+- What ``install()`` changes, in the engine-core process only (``EngineCoreProc``; the data-parallel engine core
+  keeps vLLM's loop): its ``input_queue`` is an :class:`EngineInputQueue` (the ``queue.Queue`` calls vLLM makes
+  on it, over a hotloop ``InputQueue``, so it is a wait source), and while the main thread is inside an engine
+  step, a blocking ``result()`` of the multiprocess executor's ``FutureWrapper`` waits in one ``wait_any`` over
+  the response queue(s) that future reads and the input queue, GIL released while parked. Each input is handled
+  as it arrives, with vLLM's own ``_handle_client_request`` in arrival order, as vLLM handles it between steps:
+  an ADD goes into the scheduler's waiting queue (scheduled from the next step on), an ABORT finishes the request
+  as ``_process_aborts_queue`` does for an abort that arrives during a step (the step's output for it is then
+  skipped by ``update_from_output``, as vLLM skips it), a UTILITY call runs and answers at once (a utility that
+  itself calls the executor blocks in vLLM's own ``result()``, which first drains the step in flight: vLLM's
+  FIFO of futures keeps the order), EXECUTOR_FAILED raises vLLM's "Executor failed." (the engine core then
+  reports the engine dead, as it does between steps), WAKEUP (a shutdown signal) is a no-op: the step finishes,
+  then vLLM's loop shuts down as before.
+- The future's own deadline (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` for a step) is kept: when it passes the
+  future reads its queue with no time left and fails with vLLM's "RPC call to ... timed out." A response queue
+  that is shut down (the executor's monitor does that when a worker dies) wakes the wait and the future fails as
+  it would in vLLM. Where the response queues are not hotloop's, or the future's queues cannot be found, vLLM's
+  blocking ``result()`` runs unchanged.
+- Nothing polls: the wait parks on the response rings' and the input queue's doorbells (``WaitPolicy()``: spin
+  20 us, yield 10 us, then a futex).
+
+Turned on by the plugin with ``HOTLOOP_VLLM_LOOP=1`` (see ``hotloop.vllm``); ``uninstall()`` restores vLLM's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import queue
+import sys
+import threading
+import time
+
+from hotloop._core import InputQueue, WaitPolicy, wait_any
+
+_ENGINE_CORE = "vllm.v1.engine.core"
+_EXECUTOR = "vllm.v1.executor.multiproc_executor"
+
+
+class EngineInputQueue:
+    """The engine core's input queue: the calls of ``queue.Queue`` that vLLM makes on it (``put``,
+    ``put_nowait``, ``get(block, timeout)``, ``get_nowait``, ``empty``, ``qsize``) over a hotloop ``InputQueue``,
+    so ``wait_any`` can wait on it (``hotloop_source``). Unbounded, like vLLM's; ``queue.Empty`` as
+    ``queue.Queue`` raises it; a blocking ``get`` waits with the GIL released."""
+
+    def __init__(self):
+        self._q = InputQueue()
+
+    @property
+    def hotloop_source(self) -> InputQueue:
+        return self._q
+
+    def put(self, item, block: bool = True, timeout: float | None = None) -> None:
+        self._q.put(item)
+
+    def put_nowait(self, item) -> None:
+        self._q.put(item)
+
+    def get(self, block: bool = True, timeout: float | None = None):
+        if not block:
+            return self._q.get_nowait()
+        if timeout is not None and timeout < 0:
+            raise ValueError("'timeout' must be a non-negative number")
+        return self._q.get(timeout)
+
+    def get_nowait(self):
+        return self._q.get_nowait()
+
+    def drain(self) -> list:
+        return self._q.drain()
+
+    def empty(self) -> bool:
+        return self._q.empty()
+
+    def qsize(self) -> int:
+        return self._q.qsize()
+
+    def full(self) -> bool:
+        return False
+
+
+class _InputQueueSlot:
+    """``EngineCoreProc.input_queue`` while installed. vLLM's constructor assigns a ``queue.Queue`` before the plugin
+    loads (``EngineCore.__init__`` loads plugins), so the queue is converted on its first read after that: under a
+    lock, its items moved in order into an :class:`EngineInputQueue` that takes its place. Every reader, the input
+    thread's ``put_nowait`` included, gets the queue through this read, so none holds the old one afterwards."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    def __get__(self, core, owner=None):
+        if core is None:
+            return self
+        try:
+            q = core.__dict__["input_queue"]
+        except KeyError:
+            raise AttributeError("input_queue") from None
+        return q if type(q) is not queue.Queue else self._convert(core)
+
+    def __set__(self, core, value):
+        core.__dict__["input_queue"] = value
+
+    def _convert(self, core) -> EngineInputQueue:
+        with self._lock:
+            q = core.__dict__["input_queue"]
+            if type(q) is queue.Queue:
+                new = EngineInputQueue()
+                with q.mutex:
+                    for item in q.queue:
+                        new.put(item)
+                    q.queue.clear()
+                core.__dict__["input_queue"] = q = new
+        return q
+
+
+def _response_of(future) -> tuple[list, float | None] | None:
+    """The response queues a vLLM ``FutureWrapper`` reads and its deadline (monotonic), from its ``get_response``
+    closure (``response_mqs``, ``deadline`` in vLLM 0.32's ``collective_rpc``); None when they are not there or
+    not hotloop's queues."""
+    fn = getattr(future, "get_response", None)
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or cells is None:
+        return None
+    try:
+        env = {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
+    except ValueError:  # an empty cell
+        return None
+    mqs, deadline = env.get("response_mqs"), env.get("deadline")
+    if mqs is None or not all(hasattr(mq, "hotloop_source") for mq in mqs):
+        return None
+    return list(mqs), deadline
+
+
+class StepWait:
+    """One engine core's wait for step output: waits on the response queues and the input queue, handles inputs
+    as they come. Main thread only."""
+
+    def __init__(self, core):
+        self.core = core
+        self.inputs = core.input_queue
+        self.thread = threading.get_ident()
+        self.policy = WaitPolicy()
+        self.busy = False  # inside wait_for: a nested result() (a utility calling the executor) blocks as vLLM's
+        self.inputs_in_step = 0  # inputs handled while a step ran (tests and the bench read it)
+
+    def wait_for(self, future) -> None:
+        """Return once `future` is done, handling the engine core's inputs meanwhile. vLLM's FIFO of futures is
+        kept: the oldest pending future is resolved first, as vLLM's ``result()`` does."""
+        fifo = future.futures_queue
+        self.busy = True
+        try:
+            while not future.done():
+                head = fifo[-1]
+                found = _response_of(head)
+                if found is None:  # not a future this loop understands: vLLM's own wait
+                    return
+                mqs, deadline = found
+                pending = [mq for mq in mqs if not mq.hotloop_source.ready()]
+                left = None if deadline is None else deadline - time.monotonic()
+                if not pending or (left is not None and left <= 0):
+                    fifo.pop()._wait_for_response()  # its answer is there (or it is shut down / out of time)
+                    continue
+                ready = wait_any([self.inputs, *pending], timeout=left, policy=self.policy)
+                if self.inputs in ready:
+                    self._handle_inputs()
+        finally:
+            self.busy = False
+
+    def _handle_inputs(self) -> None:
+        handle = self.core._handle_client_request
+        for request_type, request in self.inputs.drain():
+            self.inputs_in_step += 1
+            handle(request_type, request)
+
+
+_local = threading.local()  # .wait: the StepWait of the engine step running on this thread
+_saved: dict = {}  # what install() replaced: (owner, attribute) -> the original (absent: the attribute was not set)
+
+
+def _in_step(process_engine_step):
+    @functools.wraps(process_engine_step)
+    def wrapper(self, *args, **kwargs):
+        step_wait = self.__dict__.get("_hotloop_step_wait")
+        if step_wait is None:  # the first step: decide once per engine core
+            step_wait = StepWait(self) if not _dp_engine_core(self) else False
+            self.__dict__["_hotloop_step_wait"] = step_wait
+        if step_wait is False:
+            return process_engine_step(self, *args, **kwargs)
+        _local.wait = step_wait
+        try:
+            return process_engine_step(self, *args, **kwargs)
+        finally:
+            _local.wait = None
+
+    wrapper.__hotloop__ = True
+    return wrapper
+
+
+def _dp_engine_core(core) -> bool:
+    dp = getattr(sys.modules.get(_ENGINE_CORE), "DPEngineCoreProc", None)
+    return dp is not None and isinstance(core, dp)
+
+
+def _waiting_result(result):
+    @functools.wraps(result)
+    def wrapper(self, timeout=None):
+        step_wait = getattr(_local, "wait", None)
+        if (timeout is None and step_wait is not None and not step_wait.busy and not self.done()
+                and step_wait.thread == threading.get_ident()):
+            step_wait.wait_for(self)
+        return result(self, timeout)
+
+    wrapper.__hotloop__ = True
+    return wrapper
+
+
+def in_step() -> bool:
+    """Whether this thread is handling inputs while an engine step runs (inside the loop's wait)."""
+    step_wait = getattr(_local, "wait", None)
+    return bool(step_wait and step_wait.busy)
+
+
+def loop_state(core) -> dict:
+    """A vLLM utility method of the engine core while installed (``call_utility_async("hotloop_loop_state")``):
+    whether this call was handled while a step ran, how many inputs the loop has handled during steps, and the
+    scheduler's unfinished requests."""
+    step_wait = core.__dict__.get("_hotloop_step_wait")
+    return {"in_step": in_step(), "inputs_in_step": step_wait.inputs_in_step if step_wait else 0,
+            "unfinished": core.scheduler.get_num_unfinished_requests()}
+
+
+def install() -> None:
+    """Turn the loop on in this process (idempotent). Needs vLLM's engine-core and multiprocess-executor modules."""
+    import importlib
+
+    core = importlib.import_module(_ENGINE_CORE)
+    executor = importlib.import_module(_EXECUTOR)
+    proc, future = core.EngineCoreProc, executor.FutureWrapper
+    if getattr(proc.__dict__.get("_process_engine_step"), "__hotloop__", False):
+        return
+    for owner, attr, new in ((proc, "input_queue", _InputQueueSlot()),
+                             (proc, "_process_engine_step", _in_step(proc.__dict__["_process_engine_step"])),
+                             (proc, "hotloop_loop_state", loop_state),
+                             (future, "result", _waiting_result(future.__dict__["result"]))):
+        _saved[(owner, attr)] = owner.__dict__.get(attr, _saved)
+        setattr(owner, attr, new)
+
+
+def uninstall() -> None:
+    """Put vLLM's loop back (engine cores built meanwhile keep their EngineInputQueue, which behaves as
+    queue.Queue)."""
+    for (owner, attr), old in _saved.items():
+        if old is _saved:
+            with contextlib.suppress(AttributeError):
+                delattr(owner, attr)
+        else:
+            setattr(owner, attr, old)
+    _saved.clear()
+
+
+def is_installed() -> bool:
+    core = sys.modules.get(_ENGINE_CORE)
+    return core is not None and getattr(core.EngineCoreProc.__dict__.get("_process_engine_step"), "__hotloop__", False)
+
+
+__all__ = ["EngineInputQueue", "StepWait", "in_step", "install", "is_installed", "uninstall"]

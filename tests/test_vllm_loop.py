@@ -1,0 +1,111 @@
+"""vLLM's engine core on hotloop's engine-core loop (HOTLOOP_VLLM_LOOP=1, ``hotloop/vllm/engine_loop.py``): inputs
+that arrive while a step runs are handled during that step (a new request reaches the scheduler, a utility call
+answers, a waiting and a running request are aborted, as vLLM ends them), greedy outputs stay those of vLLM's own
+loop, a worker killed during a step surfaces EngineDeadError, a shutdown during a step ends every process.
+
+Each case drives AsyncLLM (TP=1, multiprocess executor) in a child process (``vllm_loop_driver.py``) whose worker
+sleeps STEP_S before each step, so "during a step" is a wide window; the control arm runs the same driver on
+vLLM's own loop and queue and shows the waits the loop removes. Needs vLLM (``pip install "hotloop[vllm]"``).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+try:
+    import vllm  # noqa: F401
+except Exception as e:  # noqa: BLE001  (ImportError, or a vLLM build that fails to import here)
+    pytest.skip(f"vLLM is not importable ({type(e).__name__}: {e}); pip install \"hotloop[vllm]\" to run these",
+                allow_module_level=True)
+
+from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, tiny_model, vllm_version  # noqa: E402
+
+if vllm_version().split("+")[0] not in SUPPORTED_VLLM_VERSIONS:
+    pytest.skip(f"vLLM {vllm_version()} is not one hotloop supports ({SUPPORTED_VLLM_VERSIONS})",
+                allow_module_level=True)
+
+sys.path.insert(0, os.path.dirname(__file__))
+from vllm_loop_driver import STEP_S  # noqa: E402
+
+DRIVER = os.path.join(os.path.dirname(__file__), "vllm_loop_driver.py")
+
+
+def _drive(model: str, ending: str, *, queue: bool, loop: bool) -> dict:
+    env = dict(os.environ, HOTLOOP_VLLM="1" if queue else "0", HOTLOOP_VLLM_LOOP="1" if loop else "0",
+               HOTLOOP_VLLM_TIMELINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0",
+               VLLM_ALLOW_INSECURE_SERIALIZATION="1", TOKENIZERS_PARALLELISM="false")
+    p = subprocess.run([sys.executable, DRIVER, model, ending], capture_output=True, text=True, timeout=400, env=env,
+                       start_new_session=True)
+    assert p.returncode == 0 and p.stdout.strip(), p.stderr[-6000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model.build(0)
+
+
+@pytest.fixture(scope="module")
+def vllms_own(model):
+    """The control: vLLM's own queue and loop, same driver."""
+    return _drive(model, "shutdown", queue=False, loop=False)
+
+
+def _waits_by_request(res: dict) -> dict:
+    """request name (vLLM adds a suffix to the id) -> (queue wait us, taken during a step)"""
+    w = res["waits"]
+    return {rid.split("-")[0]: (us, during) for rid, us, during in zip(w["request_ids"], w["waits_us"],
+                                                                       w["during_step"])}
+
+
+def _check_inputs_during_steps(res: dict, reference: dict) -> None:
+    # greedy outputs: vLLM's own loop's, before, during and after the inputs handled in steps
+    assert res["reference"] == reference["reference"]
+    assert [t for t, _ in res["a_b"]] == reference["reference"][:2]
+    assert [why for _, why in res["a_b"]] == ["length", "length"]
+    assert res["after"] == reference["reference"]
+    # a utility call made during a step is answered during it, not at its end
+    assert res["utility_in_step"] is True
+    assert res["utility_s"] < STEP_S / 2, res["utility_s"]
+    # requests that arrived during a step (B, and C, aborted later) went into the scheduler during it, within
+    # microseconds rather than at the step's end
+    waits = _waits_by_request(res)
+    assert waits["B"][1] and waits["C"][1], waits
+    assert max(waits["B"][0], waits["C"][0]) < STEP_S / 2 * 1e6, waits
+    # aborts during a step: the running request stops at once and the waiting one never runs; the scheduler
+    # holds nothing afterwards
+    assert res["after_aborts_in_step"] is True
+    assert res["A2_end"][1] == "abort" and len(res["A2_end"][0]) < 8, res["A2_end"]
+    assert res["C_end"] == [[], "abort"], res["C_end"]
+    assert res["unfinished_after"] == 0
+    assert res["inputs_in_step"] >= 5  # B's add, the utility calls, C's add, two aborts
+
+
+def test_vllms_own_loop_waits_for_the_step(vllms_own):
+    """The control shows what the loop removes: inputs wait for the running step to end."""
+    assert [t for t, _ in vllms_own["a_b"]] == vllms_own["reference"][:2]
+    assert vllms_own["after"] == vllms_own["reference"]
+    assert vllms_own["utility_s"] > STEP_S / 4, vllms_own["utility_s"]
+    waits = _waits_by_request(vllms_own)
+    assert min(waits["B"][0], waits["C"][0]) > STEP_S / 4 * 1e6, waits
+    assert not any(during for _, during in waits.values())
+
+
+def test_inputs_are_handled_during_a_step_and_a_shutdown_during_a_step_ends_everything(model, vllms_own):
+    res = _drive(model, "shutdown", queue=True, loop=True)
+    _check_inputs_during_steps(res, vllms_own)
+    assert set(res["tree"].values()) == {"VLLM::EngineCore", "VLLM::Worker"}, res["tree"]
+    assert res["left"] == [], res
+    # vLLM's own shutdown with a step in flight (abort mode, then its 5 s wait for the engine core): no longer
+    assert res["shutdown_s"] <= vllms_own["shutdown_s"] + 2, (res["shutdown_s"], vllms_own["shutdown_s"])
+
+
+def test_a_worker_killed_during_a_step_surfaces_engine_dead_error(model, vllms_own):
+    res = _drive(model, "kill", queue=True, loop=True)
+    _check_inputs_during_steps(res, vllms_own)
+    assert res["kill"] == "EngineDeadError", res
+    assert res["kill_to_error_s"] < 10, res["kill_to_error_s"]
+    assert res["left"] == [], res
