@@ -139,3 +139,18 @@ if CUDA_BACKEND == "fake":
     from hotloop.testing import FAKE_CUDA_LIBRARY
 
     os.environ["HOTLOOP_CUDA_DRIVER"] = FAKE_CUDA_LIBRARY
+
+
+def require_supported_vllm() -> None:
+    """Skip the calling test module unless vLLM imports here and is a version hotloop.vllm supports (the vLLM
+    engine tests run vLLM in child processes; ``pip install "hotloop[vllm]"``, docs/vllm.md)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001  (ImportError, or a vLLM build that fails to import here)
+        pytest.skip(f"vLLM is not importable ({type(e).__name__}: {e}); pip install \"hotloop[vllm]\" to run these",
+                    allow_module_level=True)
+    from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, vllm_version
+
+    if vllm_version().split("+")[0] not in SUPPORTED_VLLM_VERSIONS:
+        pytest.skip(f"vLLM {vllm_version()} is not one hotloop supports ({SUPPORTED_VLLM_VERSIONS})",
+                    allow_module_level=True)

@@ -218,9 +218,11 @@ def test_an_input_that_raises_leaves_the_step_in_flight_and_the_wait_reusable(re
     futures = deque()
     step = rpc(futures, [reader])
     core.input_queue.put_nowait(("EXECUTOR_FAILED", b""))
+    core.input_queue.put_nowait(("ADD", "behind"))
     with pytest.raises(RuntimeError, match="Executor failed."):
         wait.wait_for(step)
     assert not wait.busy and not step.done()
+    assert core.input_queue.get_nowait() == ("ADD", "behind")  # the input behind the failing one is still queued
     writer.enqueue((0, "late"))
     wait.wait_for(step)
     assert step.result() == "late"
@@ -236,3 +238,23 @@ def test_a_future_of_other_queues_is_left_to_vllms_own_wait():
     assert not step.done() and core.handled == []
     not_hotloop.put((0, "x"))
     assert step.result() == "x"
+
+
+# ---- the per-hop timeline's arithmetic ----
+
+def test_timeline_hops_split_each_requests_time_to_first_token():
+    from hotloop.vllm.timeline import HOPS, hops
+
+    ms = 1_000_000
+    front = {"a": [0, 20 * ms], "b": [5 * ms, 40 * ms], "lost": [0, 1]}
+    core = {"requests": {"a-0123abcd": [1 * ms, 2 * ms, False], "b-89abcdef": [6 * ms, 7 * ms, True]},
+            "steps": [[1, 3 * ms, None, 12 * ms, 13 * ms, ["a-0123abcd"]],
+                      [2, 14 * ms, 15 * ms, 30 * ms, 31 * ms, ["b-89abcdef"]]]}
+    worker = [[1, 4 * ms, 11 * ms, None, None], [2, 16 * ms, 20 * ms, 22 * ms, 28 * ms]]
+    got = hops(front, core, worker)
+    assert got["time to first token"] == [20.0, 35.0]  # "lost" has no engine-side stamps: left out
+    assert [got[h][0] for h in HOPS] == [1.0, 1.0, 1.0, 1.0, 7.0, 1.0, 1.0, 7.0]
+    # b: its step sampled in a second call, so the worker's step ends at the sampling call's end
+    assert [got[h][1] for h in HOPS] == [1.0, 1.0, 7.0, 2.0, 12.0, 2.0, 1.0, 9.0]
+    for i in range(2):
+        assert sum(got[h][i] for h in HOPS) == got["time to first token"][i]

@@ -15,17 +15,11 @@ import sys
 
 import pytest
 
-try:
-    import vllm  # noqa: F401
-except Exception as e:  # noqa: BLE001  (ImportError, or a vLLM build that fails to import here)
-    pytest.skip(f"vLLM is not importable ({type(e).__name__}: {e}); pip install \"hotloop[vllm]\" to run these",
-                allow_module_level=True)
+from conftest import require_supported_vllm
 
-from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, tiny_model, vllm_version  # noqa: E402
+require_supported_vllm()
 
-if vllm_version().split("+")[0] not in SUPPORTED_VLLM_VERSIONS:
-    pytest.skip(f"vLLM {vllm_version()} is not one hotloop supports ({SUPPORTED_VLLM_VERSIONS})",
-                allow_module_level=True)
+from hotloop.vllm import tiny_model  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from vllm_loop_driver import STEP_S  # noqa: E402

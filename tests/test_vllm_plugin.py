@@ -1,11 +1,11 @@
 """vLLM's own engine on hotloop's queue (the ``vllm.general_plugins`` entry point, HOTLOOP_VLLM=1): the plugin
 patches where vLLM looks the class up, vLLM's process-group constructor works, TP=2 greedy tokens match vLLM's
-own queue, a SIGKILLed worker surfaces vLLM's EngineDeadError within seconds, the engine core's death ends its
+own queue and loop (on hotloop's queue, with and without hotloop's engine-core loop), a SIGKILLed worker surfaces vLLM's EngineDeadError within seconds, the engine core's death ends its
 workers, and nothing is left in /dev/shm or the process table.
 
 Needs vLLM (``pip install "hotloop[vllm]"``, docs/vllm.md); skipped otherwise. vLLM runs in child processes
 (``python -m hotloop.bench.vllm_bench --driver``), never in the test process. Engine starts take a while on a
-small machine: the module starts three engines.
+small machine: the module starts four engines.
 """
 
 import os
@@ -17,18 +17,12 @@ import time
 
 import pytest
 
-try:
-    import vllm  # noqa: F401
-except Exception as e:  # noqa: BLE001  (ImportError, or a vLLM build that fails to import here)
-    pytest.skip(f"vLLM is not importable ({type(e).__name__}: {e}); pip install \"hotloop[vllm]\" to run these",
-                allow_module_level=True)
+from conftest import require_supported_vllm
+
+require_supported_vllm()
 
 from hotloop.bench.vllm_bench import Driver  # noqa: E402
-from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, tiny_model, vllm_version  # noqa: E402
-
-if vllm_version().split("+")[0] not in SUPPORTED_VLLM_VERSIONS:
-    pytest.skip(f"vLLM {vllm_version()} is not one hotloop supports ({SUPPORTED_VLLM_VERSIONS})",
-                allow_module_level=True)
+from hotloop.vllm import tiny_model  # noqa: E402
 
 HOTLOOP_QUEUE = "hotloop.vllm.message_queue.MessageQueue"
 VLLM_QUEUE = "vllm.distributed.device_communicators.shm_broadcast.MessageQueue"
@@ -140,20 +134,20 @@ def test_create_from_process_group_broadcasts_over_a_vllm_process_group():
     assert "OK" in out
 
 
-def test_tp2_greedy_tokens_match_vllms_own_queue_and_a_killed_worker_is_reported(model):
+def test_tp2_greedy_tokens_match_vllms_own_queue_and_loop_and_a_killed_worker_is_reported(model):
     tokens = {}
-    for arm in ("vllm", "hotloop"):
+    for arm in ("vllm", "hotloop+loop", "hotloop"):  # the last one's worker is killed below
         d = Driver(2, arm, model)
         try:
-            assert d.queue_class == [HOTLOOP_QUEUE if arm == "hotloop" else VLLM_QUEUE]
+            assert d.queue_class == [VLLM_QUEUE if arm == "vllm" else HOTLOOP_QUEUE]
             out = d.generate(4, max_tokens=24)
             assert "error" not in out, out
             tokens[arm] = out["token_ids"]
             procs = d.processes()
         finally:
-            if arm == "vllm":
+            if arm != "hotloop":
                 assert d.close() == {}
-    assert tokens["hotloop"] == tokens["vllm"]
+    assert tokens["hotloop"] == tokens["vllm"] == tokens["hotloop+loop"]
     assert len(tokens["vllm"]) == 4 and all(len(t) == 24 for t in tokens["vllm"])
     try:
         assert not _segments_of(procs), "every reader attached: no segment name should remain"

@@ -1,24 +1,23 @@
-"""``hotloop bench vllm``: vLLM's own engine (MultiprocExecutor) on vLLM's MessageQueue and on hotloop's, in the
-same run, same process layout: offline ``LLM.generate`` bursts and an online run through ``AsyncLLM``.
+"""``hotloop bench vllm``: vLLM's own engine (AsyncLLM, MultiprocExecutor) in three arms, in the same run and the
+same process layout: vLLM's queue and loop ("vllm"), hotloop's queue under vLLM's loop ("hotloop"), hotloop's queue
+and engine-core loop ("hotloop+loop", ``hotloop.vllm.engine_loop``).
 
-Method: each engine runs in a fresh driver process (``python -m hotloop.bench.vllm_bench --driver`` or
-``--online-driver``) on a tiny random Llama model built locally (``hotloop.vllm.tiny_model``); the arm "vllm" runs
-with ``HOTLOOP_VLLM=0``, the arm "hotloop" with ``HOTLOOP_VLLM=1`` (the plugin replaces the queue in the engine core
-and every worker; the driver asks each worker which class it runs and the bench checks it). A round runs every
-engine of both arms back to back, arms alternating (the order flips each round); the table shows the median and
-the min-max over rounds of each figure, and the ratio hotloop / vLLM computed within each round (its median and
-min-max), so a machine that slows down between rounds moves both arms.
+Method: each engine runs in a fresh driver process (``python -m hotloop.bench.vllm_bench --shapes-driver``) on a
+tiny random Llama model built locally (``hotloop.vllm.tiny_model``), with ``HOTLOOP_VLLM`` / ``HOTLOOP_VLLM_LOOP``
+set per arm (the driver asks each worker which queue class it runs and the bench checks it) and
+``HOTLOOP_VLLM_TIMELINE=1`` in every arm (``hotloop.vllm.timeline``: per-hop stamps). After a warm-up the engine
+runs the shapes of the upstream change that handles inputs during a step, scaled to this machine (``shapes()``):
+"arrivals" (many short requests: 128 prompt / 8 output tokens at 40 req/s), "poisson" (4 req/s, 32 output
+tokens), "decode" (16 requests of 256 tokens at once) and "single" (one request of 256 tokens); greedy, random
+prompt token ids (seeded). Per shape: req/s and tok/s (first submit to last completion), time to first token and
+inter-token latency (gaps between streamed outputs) p50 / p99, the engine core's queue wait (input thread to
+scheduler) p50 / p99, CPU seconds of the whole process tree per 1000 output tokens, and each request's time to
+first token split into hops. After the last shape the tree's idle CPU over 3 s (every thread's schedstat; torch's
+gloo loop threads apart). A round runs one engine per TP and arm, the arm that goes first rotating each round;
+each cell is the median (min-max) over rounds and each ratio is taken within a round. Greedy token ids are
+compared across arms and rounds per shape.
 
-Offline (TP=1 and TP=2): one warm-up burst, then ``bursts`` bursts of batch 1 and of batch 16 (64 output tokens
-each, greedy, ``ignore_eos``); per burst, output tokens / wall time (tok/s) and CPU seconds of the whole process
-tree (the driver, the engine core, the workers: utime + stime of every descendant, from /proc/<pid>/stat) per 1000
-output tokens. After the last burst the tree's CPU is read over the first 3 s and over 5-8 s (percent of one core;
-summed over every thread's schedstat run time, which is exact where tick-sampled utime + stime is not). Greedy token
-ids must be identical across arms, rounds and layouts (asserted).
-
-Online (the largest TP): ``AsyncLLM`` streaming, one warm-up request, then a seeded Poisson process of requests
-(32 output tokens each, greedy): time to first token and inter-token latency (gaps between streamed outputs) p50
-/ p99, output tokens / (first arrival to last completion), and the tree's CPU seconds per 1000 tokens.
+``Driver`` (``--driver``) is the offline ``LLM.generate`` harness the vLLM tests use.
 
 On this machine (few cores) TP=2 binds the workers' OpenMP threads one core each (``VLLM_CPU_OMP_THREADS_BIND``
 "0|1"), TP=1 to core 0; the KV cache is 1 GiB (``VLLM_CPU_KVCACHE_SPACE``).
@@ -38,11 +37,11 @@ import sys
 import time
 
 from hotloop.bench.report import (NO_PLOT, Progress, cdf_panel, cmdline, descendants, fmt, median, percentile,
-                                   process_tree_cpu_seconds, processes, pyplot, table, time_stream)
+                                   process_tree_cpu_seconds, processes, pyplot, table)
 
 OUTPUT_TOKENS = 64
 BATCHES = (1, 16)
-ARMS = ("vllm", "hotloop")
+ARMS = ("vllm", "hotloop", "hotloop+loop")  # vLLM's queue and loop; hotloop's queue; hotloop's queue and loop
 BIND = {1: "0", 2: "0|1"}
 
 
@@ -59,23 +58,31 @@ def tree(root: int) -> dict[int, str]:
 GLOO_LOOP_THREAD = "gloo_tcp_loop"  # torch's gloo transport: one per gloo device, epoll_wait with a 10 ms tick
 
 
-def tree_run_seconds(root: int) -> tuple[float, float]:
-    """CPU time of every thread of `root` and its live descendants, and of those that are gloo's loop threads, in
-    seconds, from /proc/<pid>/task/<tid>/schedstat (nanoseconds the scheduler accounted; utime + stime are sampled
-    at the clock tick, which over a few seconds of near-idle charges a whole 10 ms tick to a thread that ran
-    microseconds when the tick hit it)."""
-    total = gloo = 0
-    for pid in tree(root):
+IDLE_PARTS = ("tree", "gloo", "waiters", "front_end", "other")
+
+
+def tree_run_seconds(root: int) -> dict[str, float]:
+    """CPU seconds of every thread of `root` and its live descendants, from /proc/<pid>/task/<tid>/schedstat
+    (nanoseconds the scheduler accounted; utime + stime are sampled at the clock tick, which over a few seconds of
+    near-idle charges a whole 10 ms tick to a thread that ran microseconds when the tick hit it), in parts:
+    "tree" (all), "gloo" (torch's gloo loop threads), "waiters" (the main threads of the engine core and the
+    workers: where the queue's and the engine-core loop's waits run), "front_end" (the other threads of `root`, the
+    process that runs the front end) and "other" (every other thread: vLLM's input / output threads, ZeroMQ's ...)."""
+    parts = dict.fromkeys(IDLE_PARTS, 0)
+    for pid, cmd in tree(root).items():
+        waiter_process = "EngineCore" in cmd or "Worker" in cmd
         with contextlib.suppress(OSError):
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with contextlib.suppress(OSError, ValueError):
                     with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                         ns = int(f.read().split()[0])
-                    total += ns
                     with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                        if f.read().strip() == GLOO_LOOP_THREAD:
-                            gloo += ns
-    return total / 1e9, gloo / 1e9
+                        name = f.read().strip()
+                    part = ("gloo" if name == GLOO_LOOP_THREAD else "waiters" if waiter_process and int(tid) == pid
+                            else "front_end" if pid == root else "other")
+                    parts["tree"] += ns
+                    parts[part] += ns
+    return {k: v / 1e9 for k, v in parts.items()}
 
 
 # ---- the driver (one engine, one arm) ----
@@ -123,7 +130,9 @@ def _driver(args) -> int:
 
 def _env(tp: int, arm: str) -> dict:
     """The environment of a driver process of `arm` at tensor parallel size `tp`."""
-    return dict(os.environ, HOTLOOP_VLLM="1" if arm == "hotloop" else "0", VLLM_CPU_KVCACHE_SPACE="1",
+    return dict(os.environ, HOTLOOP_VLLM="0" if arm == "vllm" else "1",
+                HOTLOOP_VLLM_LOOP="1" if arm == "hotloop+loop" else "0", HOTLOOP_VLLM_TIMELINE="1",
+                VLLM_CPU_KVCACHE_SPACE="1",
                 VLLM_CPU_OMP_THREADS_BIND=BIND.get(tp, "auto"), TOKENIZERS_PARALLELISM="false",
                 VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
                 # lets the driver ask each worker which queue class it runs (a function sent by collective_rpc)
@@ -168,16 +177,7 @@ class Driver:
     def idle_cpu(self, windows=((0.0, 3.0), (5.0, 8.0))) -> list[tuple[float, float]]:
         """CPU of the tree, and of its gloo loop threads, in percent of one core over each window (seconds after
         now)."""
-        t0 = time.monotonic()
-        res = []
-        for start, end in windows:
-            time.sleep(max(0.0, t0 + start - time.monotonic()))
-            (all0, gloo0), w0 = tree_run_seconds(self.pid), time.monotonic()
-            time.sleep(max(0.0, t0 + end - time.monotonic()))
-            all1, gloo1 = tree_run_seconds(self.pid)
-            dt = time.monotonic() - w0
-            res.append((100.0 * (all1 - all0) / dt, 100.0 * (gloo1 - gloo0) / dt))
-        return res
+        return idle_cpu(self.pid, windows)
 
     def close(self) -> dict[int, str]:
         """Stop the driver; then SIGKILL whatever of its process group outlived it (a vLLM worker can: see
@@ -213,28 +213,148 @@ class Driver:
         return stragglers
 
 
-# ---- the benchmark ----
+# ---- the benchmark: AsyncLLM in the shapes of the engine-core loop's change ----
 
-def _one_engine(tp: int, arm: str, model: str, bursts: int) -> dict:
-    d = Driver(tp, arm, model)
-    try:
-        _check_queue_class(arm, d.queue_class)
-        d.generate(BATCHES[-1])  # warm-up
-        res = {}
-        for batch in BATCHES:
-            runs = [d.generate(batch) for _ in range(bursts)]
-            tokens = sum(len(t) for r in runs for t in r["token_ids"])
-            res[batch] = {"tok_per_s": tokens / sum(r["wall_s"] for r in runs),
-                          "cpu_s_per_1k_tok": 1000 * sum(r["cpu_s"] for r in runs) / tokens,
-                          "token_ids": runs[0]["token_ids"]}
-        (res["idle_0_3_pct"], res["idle_0_3_gloo_pct"]), (res["idle_5_8_pct"], _) = d.idle_cpu()
-        return res
-    finally:
-        d.close()
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One load on a fresh engine: `n` requests of `prompt_tokens` random token ids (seeded) and `output_tokens`
+    greedy output tokens each, arriving as a seeded Poisson process of `rate` req/s (0: all at once)."""
+
+    name: str
+    n: int
+    prompt_tokens: int
+    output_tokens: int
+    rate: float
+
+    def arrivals(self, seed: int) -> list[float]:
+        if self.rate <= 0:
+            return [0.0] * self.n
+        rng, t, out = random.Random(seed), 0.0, []
+        for _ in range(self.n):
+            t += rng.expovariate(self.rate)
+            out.append(t)
+        return out
+
+
+def shapes(quick: bool) -> list[Shape]:
+    """The upstream change's shapes, scaled to a 2-vCPU machine and a tiny model."""
+    if quick:
+        return [Shape("arrivals", 32, 128, 8, 40.0), Shape("poisson", 24, 16, 32, 4.0),
+                Shape("decode", 16, 16, 128, 0.0), Shape("single", 1, 16, 128, 0.0)]
+    return [Shape("arrivals", 96, 128, 8, 40.0), Shape("poisson", 64, 16, 32, 4.0),
+            Shape("decode", 16, 16, 256, 0.0), Shape("single", 1, 16, 256, 0.0)]
+
+
+def _prompt_ids(n: int, length: int, seed: int) -> list[list[int]]:
+    from hotloop.vllm.tiny_model import CONFIG
+
+    rng = random.Random(seed)
+    return [[rng.randrange(4, CONFIG["vocab_size"]) for _ in range(length)] for _ in range(n)]
+
+
+def _shapes_driver(args) -> int:
+    """One AsyncLLM engine of one arm: every shape in turn, then its idle CPU; one JSON line on stdout."""
+    import asyncio
+
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # vLLM logs to stdout: keep the protocol channel clean
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from hotloop.vllm import timeline
+
+    async def one(engine, prompt, params, rid, at, t_start):
+        await asyncio.sleep(max(0.0, t_start + at - time.monotonic()))
+        submitted, first, last, gaps, ids = time.monotonic_ns(), None, None, [], []
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=rid):
+            now = time.monotonic_ns()
+            if first is None:
+                first = now
+            else:
+                gaps.append((now - last) / 1e6)
+            last, ids = now, out.outputs[0].token_ids
+        return {"rid": rid, "submitted": submitted, "first": first, "done": last, "gaps": gaps, "ids": list(ids)}
+
+    async def run_shape(engine, shape: Shape, seed: int) -> dict:
+        params = SamplingParams(temperature=0.0, max_tokens=shape.output_tokens, ignore_eos=True)
+        prompts = _prompt_ids(shape.n, shape.prompt_tokens, seed)
+        await engine.engine_core.call_utility_async("hotloop_timeline")  # forget what came before
+        await engine.collective_rpc("hotloop_timeline")
+        c0, t_start = process_tree_cpu_seconds(os.getpid()), time.monotonic()
+        res = await asyncio.gather(*(one(engine, p, params, f"{shape.name}{i}", at, t_start)
+                                     for i, (p, at) in enumerate(zip(prompts, shape.arrivals(seed)))))
+        cpu = process_tree_cpu_seconds(os.getpid()) - c0
+        core = await engine.engine_core.call_utility_async("hotloop_timeline")
+        worker = (await engine.collective_rpc("hotloop_timeline"))[0]
+        wall = (max(r["done"] for r in res) - min(r["submitted"] for r in res)) / 1e9
+        tokens = sum(len(r["ids"]) for r in res)
+        ttft = [(r["first"] - r["submitted"]) / 1e6 for r in res]
+        itl = [g for r in res for g in r["gaps"]]
+        waits = [(v[1] - v[0]) / 1e3 for v in core["requests"].values()]
+        hops = timeline.hops({r["rid"]: [r["submitted"], r["first"]] for r in res}, core, worker)
+        return {"tok_per_s": tokens / wall, "req_per_s": len(res) / wall, "cpu_s_per_1k_tok": 1000 * cpu / tokens,
+                "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+                "itl_p50_ms": percentile(itl, 50), "itl_p99_ms": percentile(itl, 99),
+                "queue_wait_p50_us": percentile(waits, 50), "queue_wait_p99_us": percentile(waits, 99),
+                "waits_during_step": sum(v[2] for v in core["requests"].values()),
+                "hops_ms": {h: median(v) for h, v in hops.items()}, "hops_n": len(hops["time to first token"]),
+                "ttft_ms": ttft, "itl_ms": itl, "token_ids": [r["ids"] for r in res]}
+
+    async def main():
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
+            model=args.model, tensor_parallel_size=args.tp, distributed_executor_backend="mp", dtype="float32",
+            max_model_len=512, max_num_seqs=16, seed=0, enforce_eager=True))
+        try:
+            queue_class = sorted(set(await engine.collective_rpc(_check_worker_queue)))
+            warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+            await asyncio.gather(*(one(engine, p, warm, f"warm{i}", 0.0, time.monotonic())
+                                   for i, p in enumerate(_prompt_ids(4, 128, 99))))
+            out = {"queue_class": queue_class}
+            for shape in shapes(args.quick):
+                out[shape.name] = await run_shape(engine, shape, args.seed)
+            out["idle_pct"] = idle_cpu(os.getpid())[0]
+        finally:
+            engine.shutdown()
+        proto.write(json.dumps(out) + "\n")
+
+    asyncio.run(main())
+    return 0
+
+
+def idle_cpu(root: int, windows=((0.0, 3.0),)) -> list[dict[str, float]]:
+    """CPU of `root`'s tree in percent of one core over each window (seconds after now), in the parts of
+    tree_run_seconds."""
+    t0 = time.monotonic()
+    res = []
+    for start, end in windows:
+        time.sleep(max(0.0, t0 + start - time.monotonic()))
+        c0, w0 = tree_run_seconds(root), time.monotonic()
+        time.sleep(max(0.0, t0 + end - time.monotonic()))
+        c1 = tree_run_seconds(root)
+        dt = time.monotonic() - w0
+        res.append({k: 100.0 * (c1[k] - c0[k]) / dt for k in IDLE_PARTS})
+    return res
+
+
+def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int) -> dict:
+    """One fresh engine of `arm` through every shape, in a driver process: its figures."""
+    p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm_bench", "--shapes-driver", "--tp", str(tp),
+                        "--model", model, "--seed", str(seed)] + ["--quick"] * quick,
+                       env=_env(tp, arm), stdout=subprocess.PIPE, stderr=None if os.environ.get(
+                           "HOTLOOP_BENCH_VERBOSE") else subprocess.DEVNULL, text=True, timeout=1800,
+                       start_new_session=True)
+    if p.returncode != 0 or not p.stdout.strip():
+        raise RuntimeError(f"vLLM driver TP={tp} arm {arm} failed (code {p.returncode}); rerun with "
+                           "HOTLOOP_BENCH_VERBOSE=1 to see its log")
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    _check_queue_class(arm, res.pop("queue_class"))
+    return res
 
 
 def _check_queue_class(arm: str, found: list[str]) -> None:
-    want = "hotloop.vllm.message_queue.MessageQueue" if arm == "hotloop" else \
+    want = "hotloop.vllm.message_queue.MessageQueue" if arm != "vllm" else \
         "vllm.distributed.device_communicators.shm_broadcast.MessageQueue"
     if found != [want]:
         raise RuntimeError(f"arm {arm}: the workers use {found}, expected {want}")
@@ -245,32 +365,23 @@ def _stats(xs: list[float]) -> dict:
     return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
-def _ratios(hot: list[float], own: list[float]) -> dict:
-    """hotloop / vLLM per round (the arms of a round ran back to back), summarized as _stats."""
-    return _stats([h / o if o else math.nan for h, o in zip(hot, own)])
-
-
 def _cell(st: dict, digits: int) -> str:
     return f"{fmt(st['median'], digits)} ({fmt(st['min'], digits)}-{fmt(st['max'], digits)})"
 
 
-def _summarize(per_arm: dict[str, list[dict]], keys: dict[str, int]) -> tuple[dict, list[list[str]]]:
-    """per_arm: arm -> one dict of figures per round. Returns the record (per arm, and the ratio) and the table
-    rows for `keys` (figure -> digits)."""
-    rec = {arm: {k: _stats([r[k] for r in runs]) for k in keys} for arm, runs in per_arm.items()}
-    rec["ratio"] = {k: _ratios([r[k] for r in per_arm["hotloop"]], [r[k] for r in per_arm["vllm"]]) for k in keys}
-    rows = [[arm] + [_cell(rec[arm][k], d) for k, d in keys.items()] for arm in ARMS]
-    rows.append(["hotloop/vLLM"] + [_cell(rec["ratio"][k], 2) for k in keys])
-    return rec, rows
+FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": ("TTFT p50 ms", 1),
+           "ttft_p99_ms": ("TTFT p99 ms", 1), "itl_p50_ms": ("ITL p50 ms", 2), "itl_p99_ms": ("ITL p99 ms", 2),
+           "queue_wait_p50_us": ("queue wait p50 us", 0), "queue_wait_p99_us": ("queue wait p99 us", 0),
+           "cpu_s_per_1k_tok": ("CPU s / 1k tok", 2)}
+SHAPE_FIGURES = {"arrivals": ("req_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
+                              "queue_wait_p50_us", "queue_wait_p99_us", "cpu_s_per_1k_tok"),
+                 "poisson": ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "queue_wait_p50_us",
+                             "queue_wait_p99_us", "cpu_s_per_1k_tok"),
+                 "decode": ("tok_per_s", "itl_p50_ms", "itl_p99_ms", "cpu_s_per_1k_tok"),
+                 "single": ("tok_per_s", "itl_p50_ms", "itl_p99_ms", "cpu_s_per_1k_tok")}
 
 
-def _above(rec: dict, key: str) -> bool:
-    """hotloop's median above vLLM's by more than the spread (the larger half-range of the two arms)."""
-    spread = max((rec[a][key]["max"] - rec[a][key]["min"]) / 2 for a in ARMS)
-    return rec["hotloop"][key]["median"] - rec["vllm"][key]["median"] > spread
-
-
-def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), online: bool = True, seed: int = 0,
+def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), seed: int = 0,
         plot_path: str | None = "hotloop-bench-vllm.png"):
     try:
         import vllm  # noqa: F401
@@ -281,232 +392,207 @@ def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), online: bool
 
     version = check_version()
     model = tiny_model.build(seed)
-    rounds = rounds or (1 if quick else 5)
-    bursts = 1 if quick else 2
-    online_tp = max(tps)
-    load = OnlineLoad(*((24, 4.0) if quick else (64, 4.0)), seed=seed)
-    progress = Progress("bench vllm", rounds * (len(tps) + online) * len(ARMS))
+    rounds = rounds or (1 if quick else 3)
+    progress = Progress("bench vllm", rounds * len(tps) * len(ARMS))
     raw = {(tp, arm): [] for tp in tps for arm in ARMS}
-    raw_online = {arm: [] for arm in ARMS}
-    reference = {}
+    reference, differ = {}, set()
     for rnd in range(rounds):
-        order = ARMS if rnd % 2 == 0 else ARMS[::-1]  # alternate which arm goes first
+        order = ARMS[rnd % len(ARMS):] + ARMS[:rnd % len(ARMS)]  # each arm goes first in turn
         for tp in tps:
             for arm in order:
-                res = _one_engine(tp, arm, model, bursts)
-                for batch in BATCHES:
-                    ids = res[batch].pop("token_ids")
-                    ref = reference.setdefault(batch, ids)
-                    if ids != ref:
-                        raise AssertionError(f"greedy outputs differ: TP={tp}, arm {arm}, round {rnd}, batch {batch}")
+                res = run_engine(tp, arm, model, quick, seed)
+                for shape in shapes(quick):
+                    ids = res[shape.name].pop("token_ids")
+                    if ids != reference.setdefault(shape.name, ids):
+                        differ.add(f"TP={tp} {arm} round {rnd + 1} {shape.name}")
                 raw[(tp, arm)].append(res)
-                progress.step(f"round {rnd + 1} TP={tp} {arm}: {res[1]['tok_per_s']:.0f} / "
-                              f"{res[16]['tok_per_s']:.0f} tok/s, idle {res['idle_0_3_pct']:.1f} %")
-        if online:
-            for arm in order:
-                res = run_online(online_tp, arm, model, load)
-                raw_online[arm].append(res)
-                progress.step(f"round {rnd + 1} online TP={online_tp} {arm}: TTFT p50 {res['ttft_p50_ms']:.1f} ms, "
-                              f"ITL p50 {res['itl_p50_ms']:.2f} ms, {res['tok_per_s']:.0f} tok/s")
+                progress.step(f"round {rnd + 1} TP={tp} {arm}: poisson TTFT p50 {res['poisson']['ttft_p50_ms']:.1f} "
+                              f"ms, decode {res['decode']['tok_per_s']:.0f} tok/s, idle {res['idle_pct']['tree']:.1f} %")
     progress.close()
-
-    data = {"vllm_version": version, "supported": list(SUPPORTED_VLLM_VERSIONS), "rounds": rounds, "bursts": bursts,
-            "output_tokens": OUTPUT_TOKENS, "identical_greedy_outputs": True, "offline": {}}
-    idle_keys = ("idle_0_3_pct", "idle_0_3_gloo_pct", "idle_5_8_pct")
-    keys = {"tok_per_s": 0, "cpu_s_per_1k_tok": 2, **{k: 1 for k in idle_keys}}
-    rows = []
-    for tp in tps:
-        for batch in BATCHES:
-            per_arm = {arm: [{**r[batch], **{k: r[k] for k in idle_keys}} for r in raw[(tp, arm)]] for arm in ARMS}
-            rec, arm_rows = _summarize(per_arm, keys)
-            data["offline"][f"tp{tp}/batch{batch}"] = rec
-            rows += [[f"TP={tp} batch {batch:>2} {r[0]}"] + r[1:] for r in arm_rows]
-    text = table(
-        f"vLLM {version} offline LLM.generate on vLLM's MessageQueue vs hotloop's; tiny Llama, {OUTPUT_TOKENS} "
-        f"output tokens, greedy; median (min-max) over {rounds} round{'s' * (rounds > 1)} (fresh engines, arms "
-        f"alternating), {bursts} burst{'s' * (bursts > 1)} per batch per round",
-        ["layout / batch / queue", "tok/s", "CPU s / 1k tok", "idle CPU % 0-3 s", "of it gloo loops",
-         "idle CPU % 5-8 s"], rows,
-        note="CPU: the whole process tree (driver, engine core, workers), utime + stime from /proc. Idle: after "
-             "the last burst, percent of one core, from every thread's schedstat (per engine, so the same in both "
-             "batch rows); 'of it gloo loops': torch's gloo transport threads (gloo_tcp_loop, one per gloo device "
-             "in vLLM's workers, each waking every 10 ms in epoll_wait), which neither queue touches. "
-             "hotloop/vLLM: the ratio within each round, median (min-max). Greedy outputs identical across arms: "
-             "yes (asserted).")
-    online_keys = {"ttft_p50_ms": 1, "ttft_p99_ms": 1, "itl_p50_ms": 2, "itl_p99_ms": 2, "tok_per_s": 0,
-                   "cpu_s_per_1k_tok": 2}
-    if online:
-        rec, arm_rows = _summarize(raw_online, online_keys)
-        data["online"] = {"tp": online_tp, "requests": load.n, "rate_per_s": load.rate, "seed": load.seed,
-                          "output_tokens": ONLINE_TOKENS, f"tp{online_tp}": rec}
-        text += "\n\n" + table(
-            f"vLLM AsyncLLM at TP={online_tp}, Poisson arrivals {load.rate:g} req/s (seed {load.seed}), {load.n} "
-            f"requests x {ONLINE_TOKENS} output tokens; median (min-max) over {rounds} round{'s' * (rounds > 1)}",
-            ["queue", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "tok/s", "CPU s / 1k tok"],
-            arm_rows, note="tok/s: output tokens / (first arrival to last completion); CPU: the process tree.")
-    data["goals"] = _goals(data, tps)
-    text += "\n\n" + "\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
-                                 for g in data["goals"])
+    data = summarize(raw, tps, quick, rounds)
+    data.update({"vllm_version": version, "supported": list(SUPPORTED_VLLM_VERSIONS), "seed": seed,
+                 "identical_greedy_outputs": not differ, "outputs_differ": sorted(differ)})
+    data["goals"] = goals(data, tps)
+    text = render(data, tps, quick)
     if plot_path:
-        text += "\n" + _plot(data, raw_online, plot_path)
+        text += "\n" + _plot(data, raw, tps, plot_path)
     return data, text
 
 
-def _goals(data: dict, tps) -> list[dict]:
-    off = data["offline"]
-    idle = {tp: off[f"tp{tp}/batch1"]["hotloop"]["idle_0_3_pct"]["median"] for tp in tps}
-    gloo = {tp: off[f"tp{tp}/batch1"]["hotloop"]["idle_0_3_gloo_pct"]["median"] for tp in tps}
-    cpu = {row: rec["ratio"]["cpu_s_per_1k_tok"]["max"] for row, rec in off.items()}
-    if "online" in data:
-        cpu["online"] = data["online"][f"tp{data['online']['tp']}"]["ratio"]["cpu_s_per_1k_tok"]["max"]
-    goals = [{"goal": "idle CPU of the tree 0-3 s after a burst <= 1 % of a core (hotloop, median)",
-              "met": all(v <= 1.0 for v in idle.values()),
-              "detail": ", ".join(f"TP={tp}: {v:.1f} %, of it gloo's loop threads {gloo[tp]:.1f} %"
-                                  for tp, v in idle.items())},
-             {"goal": "CPU per 1000 tokens lower than vLLM's in every row (every round)",
-              "met": all(v < 1.0 for v in cpu.values()),
-              "detail": "largest hotloop/vLLM ratio per row: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())}]
-    if 2 in tps:
-        rec = off["tp2/batch1"]
-        goals.append({"goal": "TP=2 batch 1 tok/s above vLLM's by more than the spread",
-                      "met": _above(rec, "tok_per_s"),
-                      "detail": f"hotloop {_cell(rec['hotloop']['tok_per_s'], 0)} vs vLLM "
-                                f"{_cell(rec['vllm']['tok_per_s'], 0)}"})
-    return goals
+def summarize(raw: dict, tps, quick: bool, rounds: int) -> dict:
+    """Per TP, shape, arm and figure: median (min-max) over rounds, and the within-round ratio of each hotloop arm
+    to vLLM's."""
+    data = {"rounds": rounds, "arms": list(ARMS), "shapes": [dataclasses.asdict(s) for s in shapes(quick)],
+            "tp": {}}
+    for tp in tps:
+        rec = data["tp"][tp] = {}
+        for shape in shapes(quick):
+            per = rec[shape.name] = {}
+            for arm in ARMS:
+                runs = [r[shape.name] for r in raw[(tp, arm)]]
+                per[arm] = {k: _stats([r[k] for r in runs]) for k in FIGURES}
+                per[arm]["hops_ms"] = {h: median([r["hops_ms"][h] for r in runs]) for h in runs[0]["hops_ms"]}
+                per[arm]["waits_during_step"] = sum(r["waits_during_step"] for r in runs)
+                if arm != "vllm":
+                    own = [r[shape.name] for r in raw[(tp, "vllm")]]
+                    per[f"{arm}/vLLM"] = {k: _stats([h[k] / o[k] if o[k] else math.nan for h, o in zip(runs, own)])
+                                          for k in FIGURES}
+        rec["idle"] = {arm: {k: _stats([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
+                       for arm in ARMS}
+    return data
 
 
-def _plot(data: dict, raw_online: dict, path: str) -> str:
+def goals(data: dict, tps) -> list[dict]:
+    """The issue's goals for the loop arm (median of within-round ratios to vLLM's)."""
+    loop, out = "hotloop+loop", []
+
+    def ratio(tp, shape, key):
+        return data["tp"][tp][shape][f"{loop}/vLLM"][key]["median"]
+
+    qw = {f"TP={tp} {s}": data["tp"][tp][s][loop]["queue_wait_p50_us"]["median"] for tp in tps
+          for s in ("arrivals", "poisson")}
+    out.append({"goal": "queue wait p50 <= 100 us with the loop", "met": all(v <= 100 for v in qw.values()),
+                "detail": ", ".join(f"{k} {v:.0f} us" for k, v in qw.items())})
+    lat = {f"TP={tp} {s} {k.split('_ms')[0]}": ratio(tp, s, k) for tp in tps for s in ("poisson", "arrivals")
+           for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")}
+    out.append({"goal": "TTFT and ITL p50 / p99 <= 1.0x vLLM's (Poisson, arrivals)",
+                "met": all(v <= 1.0 for v in lat.values()),
+                "detail": ", ".join(f"{k} {v:.2f}" for k, v in lat.items() if not v <= 1.0) or "all within"})
+    thr = {f"TP={tp} {s}": ratio(tp, s, "req_per_s" if s == "arrivals" else "tok_per_s") for tp in tps
+           for s in ("arrivals", "poisson", "decode", "single")}
+    out.append({"goal": "req/s and tok/s >= 1.0x vLLM's in every shape", "met": all(v >= 1.0 for v in thr.values()),
+                "detail": ", ".join(f"{k} {v:.2f}" for k, v in thr.items())})
+    cpu = {f"TP={tp} {s}": ratio(tp, s, "cpu_s_per_1k_tok") for tp in tps
+           for s in ("arrivals", "poisson", "decode", "single")}
+    out.append({"goal": "CPU per 1000 tokens <= 0.6x vLLM's in every shape", "met": all(v <= 0.6 for v in cpu.values()),
+                "detail": ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())})
+    idle = {tp: data["tp"][tp]["idle"][loop]["waiters"]["median"] for tp in tps}
+    out.append({"goal": "idle after a burst, the threads hotloop waits in (engine core's and workers' main threads) "
+                        "<= 0.1 % of a core (loop arm)",
+                "met": all(v <= 0.1 for v in idle.values()),
+                "detail": ", ".join(f"TP={tp} {v:.2f} %" for tp, v in idle.items())})
+    out.append({"goal": "greedy outputs identical across the three arms", "met": data["identical_greedy_outputs"],
+                "detail": "yes" if data["identical_greedy_outputs"] else "differ: " + ", ".join(data["outputs_differ"])})
+    return out
+
+
+def render(data: dict, tps, quick: bool) -> str:
+    parts = []
+    n = data["rounds"]
+    for shape in data["shapes"]:
+        keys = SHAPE_FIGURES[shape["name"]]
+        rows = []
+        for tp in tps:
+            per = data["tp"][tp][shape["name"]]
+            for arm in ARMS:
+                rows.append([f"TP={tp} {arm}"] + [_cell(per[arm][k], FIGURES[k][1]) for k in keys])
+            for arm in ARMS[1:]:
+                rows.append([f"TP={tp} {arm}/vLLM"] + [_cell(per[f"{arm}/vLLM"][k], 2) for k in keys])
+        how = "all at once" if shape["rate"] <= 0 else f"Poisson {shape['rate']:g} req/s"
+        parts.append(table(
+            f"vLLM {data['vllm_version']} AsyncLLM, shape '{shape['name']}': {shape['n']} requests of "
+            f"{shape['prompt_tokens']} prompt / {shape['output_tokens']} output tokens, {how}; median (min-max) "
+            f"over {n} round{'s' * (n > 1)}", ["TP / arm"] + [FIGURES[k][0] for k in keys], rows))
+    hop_rows = []
+    for tp in tps:
+        for arm in ARMS:
+            hops = data["tp"][tp]["poisson"][arm]["hops_ms"]
+            hop_rows.append([f"TP={tp} {arm}"] + [fmt(hops.get(h, math.nan), 2) for h in _hop_names()])
+    parts.append(table("Where a request's time to first token goes (shape 'poisson'; ms, median over requests, "
+                       "then over rounds)", ["TP / arm"] + list(_hop_names()), hop_rows,
+                       note="Stamps from CLOCK_MONOTONIC in each process (hotloop.vllm.timeline, every arm): front "
+                            "end submit -> engine core input thread -> scheduler -> step broadcast -> worker read "
+                            "-> step done -> response read -> outputs made -> first output at the front end."))
+    idle_rows = [[f"TP={tp} {arm}"] + [_cell(data["tp"][tp]["idle"][arm][k], 2) for k in IDLE_PARTS]
+                 for tp in tps for arm in ARMS]
+    parts.append(table("Idle CPU in the 3 s after the last burst, percent of one core (every thread's schedstat)",
+                       ["TP / arm", "process tree", "gloo loops", "engine core + workers' main threads",
+                        "front end process", "every other thread"], idle_rows,
+                       note="The main threads of the engine core and the workers are where the queue's waits and "
+                            "the engine-core loop run; torch's gloo loop threads wake every 10 ms in every arm."))
+    parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
+                           for g in data["goals"]))
+    parts.append("Method: one fresh engine per TP and arm (vLLM: vLLM's queue and loop; hotloop: hotloop's queue, "
+                 "vLLM's loop; hotloop+loop: hotloop's queue and engine-core loop) runs every shape in turn after a "
+                 "warm-up; arms alternate which goes first each round; ratios are taken within a round. CPU: the "
+                 "process tree's utime + stime. Queue wait: the engine core's input thread to the scheduler. "
+                 "Greedy outputs compared across arms and rounds per shape.")
+    return "\n\n".join(parts)
+
+
+def _hop_names():
+    from hotloop.vllm.timeline import HOPS
+
+    return HOPS + ("time to first token",)
+
+
+def _plot(data: dict, raw: dict, tps, path: str) -> str:
     plt = pyplot()
     if plt is None:
         return NO_PLOT
-    online = "online" in data
-    fig, axes = plt.subplots(1, 4 if online else 2, figsize=(20 if online else 11, 4.5))
-    labels = list(data["offline"])
-    for ax, key, title in ((axes[0], "tok_per_s", "throughput (offline)"),
-                           (axes[1], "cpu_s_per_1k_tok", "CPU s per 1000 tokens (offline)")):
-        for i, arm in enumerate(ARMS):
-            st = [data["offline"][row][arm][key] for row in labels]
-            xs = [j + (i - 0.5) * 0.4 for j in range(len(labels))]
-            ax.bar(xs, [s["median"] for s in st], width=0.4, label=arm,
-                   yerr=[[s["median"] - s["min"] for s in st], [s["max"] - s["median"] for s in st]], capsize=3)
-        ax.set_xticks(range(len(labels)), [r.replace("/", " ") for r in labels], fontsize=8)
-        ax.set(title=title + ", median, min-max")
-        ax.set_yscale("log")
-        ax.legend(fontsize=8)
-    if online:
-        for ax, key, title in ((axes[2], "ttft_ms", "time to first token (online, Poisson)"),
-                               (axes[3], "itl_ms", "inter-token latency (online, Poisson)")):
-            cdf_panel(ax, {arm: [x for r in raw_online[arm] for x in r[key]] for arm in ARMS}, title + ", all rounds")
+    fig, axes = plt.subplots(1, 3, figsize=(20, 5))
+    # 1: the loop arm's within-round ratios to vLLM's, per goal figure, with the goal lines
+    ax = axes[0]
+    labels, vals, lo, hi = [], [], [], []
+    for tp in tps:
+        for s, k in (("poisson", "ttft_p50_ms"), ("poisson", "ttft_p99_ms"), ("poisson", "itl_p99_ms"),
+                     ("arrivals", "ttft_p99_ms"), ("arrivals", "req_per_s"), ("decode", "tok_per_s"),
+                     ("single", "tok_per_s"), ("poisson", "cpu_s_per_1k_tok")):
+            st = data["tp"][tp][s]["hotloop+loop/vLLM"][k]
+            labels.append(f"TP{tp} {s}\n{FIGURES[k][0]}")
+            vals.append(st["median"])
+            lo.append(st["median"] - st["min"])
+            hi.append(st["max"] - st["median"])
+    ax.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=3, color="tab:green")
+    ax.axhline(1.0, color="k", lw=1, ls="--", label="vLLM (1.0)")
+    ax.axhline(0.6, color="tab:red", lw=1, ls=":", label="CPU goal (0.6)")
+    ax.set_xticks(range(len(labels)), labels, fontsize=6, rotation=60)
+    ax.set(title="hotloop+loop / vLLM within each round (median, min-max)")
+    ax.legend(fontsize=8)
+    # 2: where time to first token goes, per arm (poisson, largest TP)
+    ax = axes[1]
+    tp = max(tps)
+    bottom = [0.0] * len(ARMS)
+    from hotloop.vllm.timeline import HOPS
+
+    for h in HOPS:
+        v = [data["tp"][tp]["poisson"][arm]["hops_ms"].get(h, 0.0) or 0.0 for arm in ARMS]
+        v = [0.0 if isinstance(x, float) and math.isnan(x) else x for x in v]
+        ax.bar(range(len(ARMS)), v, bottom=bottom, label=h)
+        bottom = [b + x for b, x in zip(bottom, v)]
+    ax.set_xticks(range(len(ARMS)), ARMS)
+    ax.set(title=f"time to first token by hop, TP={tp} poisson (ms, medians)")
+    ax.legend(fontsize=6)
+    # 3: TTFT distributions, poisson, largest TP
+    cdf_panel(axes[2], {arm: [x for r in raw[(tp, arm)] for x in r["poisson"]["ttft_ms"]] for arm in ARMS},
+              f"time to first token (ms), TP={tp} poisson, all rounds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"plotted to {path}"
 
 
-# ---- online: AsyncLLM with Poisson arrivals ----
-
-ONLINE_TOKENS = 32
-
-
-@dataclasses.dataclass(frozen=True)
-class OnlineLoad:
-    n: int  # requests
-    rate: float  # mean arrivals per second
-    seed: int = 0
-
-    def arrivals(self) -> list[float]:
-        """Seconds after the start at which each request arrives (a seeded Poisson process)."""
-        rng, t, out = random.Random(self.seed), 0.0, []
-        for _ in range(self.n):
-            t += rng.expovariate(self.rate)
-            out.append(t)
-        return out
-
-
-def _online_driver(args) -> int:
-    import asyncio
-
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # vLLM logs to stdout: keep the protocol channel clean
-    from vllm import SamplingParams
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    from hotloop.vllm import tiny_model
-
-    async def main():
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
-            model=args.model, tensor_parallel_size=args.tp, distributed_executor_backend="mp", dtype="float32",
-            max_model_len=512, max_num_seqs=16, seed=0, enforce_eager=True))
-        try:
-            queue_class = sorted(set(await engine.collective_rpc(_check_worker_queue)))
-            params = SamplingParams(temperature=0.0, max_tokens=ONLINE_TOKENS, ignore_eos=True)
-            load = OnlineLoad(args.n, args.rate, args.seed)
-            prompts = tiny_model.prompts(load.n, seed=load.seed)
-
-            async def one(i, at, t_start):
-                await asyncio.sleep(max(0.0, t_start + at - time.perf_counter()))
-                t0 = time.perf_counter()
-                first, gaps, outs = await time_stream(engine.generate(prompts[i], params, request_id=f"r{i}-{at}"), t0)
-                return first, gaps, len(outs[-1].outputs[0].token_ids)
-
-            await one(0, 0.0, time.perf_counter())  # warm-up
-            c0, t_start = process_tree_cpu_seconds(os.getpid()), time.perf_counter()
-            res = await asyncio.gather(*(one(i, at, t_start) for i, at in enumerate(load.arrivals())))
-            wall, cpu = time.perf_counter() - t_start, process_tree_cpu_seconds(os.getpid()) - c0
-        finally:
-            engine.shutdown()
-        ttft = [r[0] * 1e3 for r in res]
-        itl = [g * 1e3 for r in res for g in r[1]]
-        tokens = sum(r[2] for r in res)
-        proto.write(json.dumps({
-            "queue_class": queue_class, "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
-            "itl_p50_ms": percentile(itl, 50), "itl_p99_ms": percentile(itl, 99), "tok_per_s": tokens / wall,
-            "cpu_s_per_1k_tok": 1000 * cpu / tokens, "tokens": tokens, "ttft_ms": ttft, "itl_ms": itl}) + "\n")
-
-    asyncio.run(main())
-    return 0
-
-
-def run_online(tp: int, arm: str, model: str, load: OnlineLoad) -> dict:
-    """One AsyncLLM engine of `arm` under `load` in a fresh driver process: its figures (and the raw TTFT / ITL
-    samples in ms)."""
-    p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm_bench", "--online-driver", "--tp", str(tp),
-                        "--model", model, "--n", str(load.n), "--rate", str(load.rate), "--seed", str(load.seed)],
-                       env=_env(tp, arm), stdout=subprocess.PIPE, stderr=None if os.environ.get(
-                           "HOTLOOP_BENCH_VERBOSE") else subprocess.DEVNULL, text=True, timeout=900,
-                       start_new_session=True)
-    if p.returncode != 0 or not p.stdout.strip():
-        raise RuntimeError(f"online driver TP={tp} arm {arm} failed (code {p.returncode}); rerun with "
-                           "HOTLOOP_BENCH_VERBOSE=1 to see its log")
-    res = json.loads(p.stdout.strip().splitlines()[-1])
-    _check_queue_class(arm, res.pop("queue_class"))
-    return res
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm_bench")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--online-driver", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--shapes-driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--n", type=int, default=24, help=argparse.SUPPRESS)
-    ap.add_argument("--rate", type=float, default=4.0, help=argparse.SUPPRESS)
-    ap.add_argument("--quick", action="store_true", help="1 round, 1 burst per batch, 24 online requests")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 5; 1 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="1 round of the short shapes")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
+    ap.add_argument("--tp-sizes", default="1,2", help="tensor parallel sizes (default 1,2)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the model, the prompts and the arrivals")
-    ap.add_argument("--no-online", action="store_true", help="leave out the AsyncLLM Poisson run")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hotloop-bench-vllm.png")
     args = ap.parse_args(argv)
     if args.driver:
         return _driver(args)
-    if args.online_driver:
-        return _online_driver(args)
+    if args.shapes_driver:
+        return _shapes_driver(args)
     if args.rounds is not None and args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    data, text = run(quick=args.quick, rounds=args.rounds, online=not args.no_online, seed=args.seed,
-                     plot_path=args.plot)
+    tps = tuple(int(t) for t in args.tp_sizes.split(","))
+    data, text = run(quick=args.quick, rounds=args.rounds, tps=tps, seed=args.seed, plot_path=args.plot)
     print(text)
     if args.json:
         with open(args.json, "w") as f:

@@ -17,7 +17,8 @@ Contract:
   process. On an unsupported vLLM it logs a warning and leaves vLLM's queue in place; it never raises.
 - Every process of a deployment must agree: a handle of one class given to the other raises BadHandleError
   saying so (``message_queue.py``).
-- ``HOTLOOP_VLLM_TIMELINE=1`` stamps each request's wait in the engine core (``timeline.py``), on either queue.
+- ``HOTLOOP_VLLM_TIMELINE=1`` stamps each request's hops (front end, engine core, workers: ``timeline.py``), on
+  either queue.
 - The engine-core loop (``engine_loop.py``: inputs handled while a step runs, in one hotloop wait) comes with the
   queue when ``HOTLOOP_VLLM_LOOP`` is 1/true/yes/on (off by default until it meets its latency goals;
   docs/vllm.md). ``install()`` turns it on in a process that has vLLM's engine core loaded (the engine-core
@@ -153,11 +154,12 @@ def uninstall() -> None:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: install() when the environment asks for it, else nothing
-    (``HOTLOOP_VLLM_TIMELINE=1`` stamps the engine core's queue wait on either queue: ``timeline.py``)."""
-    if _env_flag("HOTLOOP_VLLM_TIMELINE") and "vllm.v1.engine.core" in sys.modules:
+    (``HOTLOOP_VLLM_TIMELINE=1`` stamps each request's hops on either queue: ``timeline.py``)."""
+    if _env_flag("HOTLOOP_VLLM_TIMELINE"):
         from hotloop.vllm import timeline
 
-        timeline.install()
+        log.info("hotloop: request timeline stamps (HOTLOOP_VLLM_TIMELINE) on %s in process %d",
+                 ", ".join(timeline.install()) or "nothing", os.getpid())
     enabled, why = enabled_by_env()
     if not enabled:
         log.debug("hotloop: vLLM plugin not enabled (%s); vLLM keeps its own MessageQueue", why)

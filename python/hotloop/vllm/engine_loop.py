@@ -174,8 +174,13 @@ class StepWait:
             self.busy = False
 
     def _handle_inputs(self) -> None:
-        handle = self.core._handle_client_request
-        for request_type, request in self.inputs.drain():
+        # One at a time: an input that raises (EXECUTOR_FAILED) leaves the ones behind it queued.
+        handle, take = self.core._handle_client_request, self.inputs.get_nowait
+        while True:
+            try:
+                request_type, request = take()
+            except queue.Empty:
+                return
             self.inputs_in_step += 1
             handle(request_type, request)
 
