@@ -113,16 +113,16 @@ bool next_message(PyShmRing& self, ShmRing& r, ShmRing::Message& m, const char* 
   }
   const WaitHooks* hooks = signal_hooks();
   bool got;
+  PromptGil prompt(true);
   {
     ReleasedGil released;
     WaitMetricsScope counted(&self.metrics);
     got = r.read(m, t, policy, hooks);
     if (got) {
       then();
-      prompt_gil_enter();
+      prompt.woke();
     }
   }
-  if (got) prompt_gil_exit();
   return got;
 }
 

@@ -159,7 +159,8 @@ void bind_wait(nb::module_& m) {
                      "A prepared wait over a fixed list of sources (cheaper than wait_any in a loop), with its own "
                      "policy (a copy of the one given, or the default). prompt_gil (default True): when woken while another "
                      "thread runs Python code, take the GIL back after ~50 us instead of that thread's full switch "
-                     "interval (sys.getswitchinterval(), 5 ms by default); CPython 3.10-3.12.")
+                     "interval (sys.getswitchinterval(), 5 ms by default). On CPython 3.12+ the interval is shortened "
+                     "before the wait lets go of the GIL and restored once it is back (docs/architecture.md).")
       .def(nb::init<nb::handle, const WaitPolicy*, bool>(), "sources"_a, "policy"_a = nb::none(),
            "prompt_gil"_a = true)
       .def("wait", &Waiter::wait, "timeout"_a = nb::none(),

@@ -23,33 +23,84 @@ PyObject* g_empty = nullptr;  // queue.Empty, kept for the life of the process
 constexpr int64_t kSignalSliceNs = 250'000'000;
 
 // Prompt GIL hand-over: CPython gives a thread that asks for the GIL the lock only after the holder's switch
-// interval (5 ms by default) has passed. A woken waiter that must react quickly shortens the interval while
-// it takes the GIL back, then restores it. Shared by all such waiters: the first in saves, the last out
-// restores. Uses CPython's _PyEval_{Get,Set}SwitchInterval, which 3.10 and 3.11 allow without the GIL; from
-// 3.12 on they need the calling thread's state (calling them here aborted the process), so it is a no-op there.
+// interval (5 ms by default) has passed. A woken waiter that must react quickly shortens the interval while it
+// takes the GIL back, then restores it. Shared by all such waiters: the first in saves, the last out restores.
+// On 3.10 and 3.11 CPython's _PyEval_{Get,Set}SwitchInterval work without the GIL, so the interval is shortened
+// only once the wait has succeeded, for the hand-over itself. From 3.12 on they need the calling thread's state
+// (calling them without the GIL aborted the process), and 3.13 no longer exports them: there the interval is
+// shortened through sys.setswitchinterval with the GIL still held, before the wait lets go of it, and restored
+// once the GIL is back. While such a waiter is parked, the process's other threads then switch among
+// themselves every 50 us instead of 5 ms when two of them want the GIL at once (one thread running Python alone
+// is not interrupted: nobody asks it for the GIL).
 constexpr unsigned long kPromptSwitchIntervalUs = 50;
-std::mutex g_prompt_mu;
 int g_prompt_users = 0;
+#if PY_VERSION_HEX >= 0x030C0000
+PyObject* g_get_interval = nullptr;  // sys.getswitchinterval / sys.setswitchinterval, kept for the process
+PyObject* g_set_interval = nullptr;
+double g_saved_interval_s = 0;
+
+void set_interval_s(double seconds) {  // GIL held
+  PyObject* arg = PyFloat_FromDouble(seconds);
+  PyObject* r = arg ? PyObject_CallOneArg(g_set_interval, arg) : nullptr;
+  if (r == nullptr) PyErr_Clear();
+  Py_XDECREF(r);
+  Py_XDECREF(arg);
+}
+#else
+std::mutex g_prompt_mu;
 unsigned long g_saved_interval_us = 0;
 
-}  // namespace
-
 void prompt_gil_enter() {
-#if PY_VERSION_HEX < 0x030C0000
   std::lock_guard<std::mutex> lock(g_prompt_mu);
   if (g_prompt_users++ == 0) {
     g_saved_interval_us = _PyEval_GetSwitchInterval();
     if (g_saved_interval_us > kPromptSwitchIntervalUs) _PyEval_SetSwitchInterval(kPromptSwitchIntervalUs);
   }
-#endif
 }
 
 void prompt_gil_exit() {
-#if PY_VERSION_HEX < 0x030C0000
   std::lock_guard<std::mutex> lock(g_prompt_mu);
   if (--g_prompt_users == 0 && g_saved_interval_us > kPromptSwitchIntervalUs) {
     _PyEval_SetSwitchInterval(g_saved_interval_us);
   }
+}
+#endif
+
+}  // namespace
+
+PromptGil::PromptGil(bool on) : on_(on) {
+#if PY_VERSION_HEX >= 0x030C0000
+  if (!on_ || g_get_interval == nullptr) return;
+  if (g_prompt_users++ == 0) {  // the GIL orders these
+    PyObject* r = PyObject_CallNoArgs(g_get_interval);
+    g_saved_interval_s = r ? PyFloat_AsDouble(r) : 0.0;
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (g_saved_interval_s > kPromptSwitchIntervalUs * 1e-6) set_interval_s(kPromptSwitchIntervalUs * 1e-6);
+  }
+  shortened_ = true;
+#endif
+}
+
+void PromptGil::woke() {
+#if PY_VERSION_HEX < 0x030C0000
+  if (on_ && !shortened_) {
+    prompt_gil_enter();
+    shortened_ = true;
+  }
+#endif
+}
+
+PromptGil::~PromptGil() {
+  if (!shortened_) return;
+#if PY_VERSION_HEX >= 0x030C0000
+  if (--g_prompt_users == 0 && g_saved_interval_s > kPromptSwitchIntervalUs * 1e-6) {
+    PyObject* raised = PyErr_GetRaisedException();  // an exception may be on its way out of the wait: keep it
+    set_interval_s(g_saved_interval_s);
+    PyErr_SetRaisedException(raised);
+  }
+#else
+  prompt_gil_exit();
 #endif
 }
 
@@ -63,6 +114,11 @@ void check_signals(void*) {
 }  // namespace
 
 void init_main_thread() {
+#if PY_VERSION_HEX >= 0x030C0000
+  nb::object sys = nb::module_::import_("sys");
+  g_get_interval = nb::object(sys.attr("getswitchinterval")).release().ptr();
+  g_set_interval = nb::object(sys.attr("setswitchinterval")).release().ptr();
+#endif
   nb::object threading = nb::module_::import_("threading");
   g_main_thread = nb::cast<unsigned long>(threading.attr("main_thread")().attr("ident"));
   nb::object empty = nb::module_::import_("queue").attr("Empty");
@@ -151,17 +207,13 @@ uint64_t wait_released(Source* const* sources, size_t n, int64_t timeout_ns, Wai
                        WaitStats* stats, int64_t* woke_ns, bool prompt_gil) {
   const WaitHooks* hp = signal_hooks();
   uint64_t mask;
-  bool prompt = false;
+  PromptGil prompt(prompt_gil);
   {
     ReleasedGil released;
     mask = wait_any(sources, n, timeout_ns, policy, hp, stats);
     if (woke_ns) *woke_ns = now_ns();
-    if (prompt_gil && mask != 0) {
-      prompt_gil_enter();
-      prompt = true;
-    }
+    if (mask != 0) prompt.woke();
   }  // the GIL is taken back here
-  if (prompt) prompt_gil_exit();
   return mask;
 }
 

@@ -62,10 +62,21 @@ uint64_t wait_released(Source* const* sources, size_t n, int64_t timeout_ns, Wai
 // hook takes the GIL to run Python's signal handlers: call the wait with the GIL released.
 const WaitHooks* signal_hooks();
 
-// Prompt GIL hand-over (see common.cpp): enter with the GIL released once a wait succeeded, exit after the GIL
-// is taken back.
-void prompt_gil_enter();
-void prompt_gil_exit();
+// Prompt GIL hand-over for one wait (see common.cpp). Construct it with the GIL held, before the GIL is let
+// go; call woke() (GIL released) once the wait succeeded; it is destroyed with the GIL held again. Declare it
+// before the ReleasedGil of the wait, so that it outlives it.
+class PromptGil {
+ public:
+  explicit PromptGil(bool on);
+  PromptGil(const PromptGil&) = delete;
+  PromptGil& operator=(const PromptGil&) = delete;
+  void woke();
+  ~PromptGil();
+
+ private:
+  bool on_;
+  bool shortened_ = false;
+};
 
 // Remembered at import: the thread that runs Python's signal handlers.
 void init_main_thread();
