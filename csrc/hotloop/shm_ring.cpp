@@ -33,6 +33,21 @@ constexpr uint64_t kRecordHeader = ShmRing::kRecordHeaderBytes;
 static_assert(kRecordHeader == 2 * sizeof(uint64_t));
 
 uint64_t word_of(uint64_t size, uint32_t kind) { return size | uint64_t(kind) << 32; }
+
+// A wait that ends every liveness slice anyway runs the caller's slice hook (the binding's signal check) at those
+// ends instead of at slices of its own, when its slices are no shorter: one wake-up a slice does both. The park
+// still runs the hook whenever something else interrupts it (a signal: EINTR). Returns the hooks to wait with.
+const WaitHooks* liveness_sliced(const WaitHooks* hooks, WaitHooks& unsliced) {
+  if (hooks == nullptr || hooks->slice_ns < kLivenessSliceNs) return hooks;
+  unsliced = *hooks;
+  unsliced.slice_ns = 0;
+  return &unsliced;
+}
+
+// After a liveness slice ended: the hook that liveness_sliced took over.
+void end_of_liveness_slice(const WaitHooks* inner, const WaitHooks& unsliced) {
+  if (inner == &unsliced && unsliced.on_slice != nullptr) unsliced.on_slice(unsliced.ctx);
+}
 uint32_t size_of_word(uint64_t word) { return uint32_t(word); }
 uint32_t kind_of_word(uint64_t word) { return uint32_t(word >> 32); }
 
@@ -432,6 +447,8 @@ void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy
                           "or create the queue with dead_reader='drop' to go on without it");
     }
   };
+  WaitHooks unsliced;
+  const WaitHooks* inner = liveness_sliced(hooks, unsliced);
   int64_t next_check = 0;
   for (;;) {
     throw_if_cancelled();
@@ -455,7 +472,9 @@ void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy
                          std::to_string(pos - slow) + " bytes behind, a full ring; it is stuck or slow: make it "
                          "read, raise the timeout, or use a larger ring");
     }
-    wait_any(&s, 1, std::min(deadline, next_check) - now, policy, hooks);
+    if (wait_any(&s, 1, std::min(deadline, next_check) - now, policy, inner) == 0) {
+      end_of_liveness_slice(inner, unsliced);
+    }
   }
 }
 
@@ -582,6 +601,8 @@ void ShmRing::release() noexcept {
 bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks, int64_t now) {
   Layout* l = layout_;
   Source* s = source_;
+  WaitHooks unsliced;
+  const WaitHooks* inner = liveness_sliced(hooks, unsliced);
   for (;; now = -1) {
     throw_if_cancelled();
     if (readable()) return true;
@@ -591,7 +612,8 @@ bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHook
     }
     if (now < 0) now = now_ns();
     if (now >= deadline) return false;
-    if (wait_any(&s, 1, std::min(deadline, now + kLivenessSliceNs) - now, policy, hooks) != 0) continue;
+    if (wait_any(&s, 1, std::min(deadline, now + kLivenessSliceNs) - now, policy, inner) != 0) continue;
+    end_of_liveness_slice(inner, unsliced);
     if (!readable() && !waits_cancelled() && !process_alive(geo_.writer_pid, geo_.writer_start_time)) {
       throw DeadPeerError("the writer (pid " + std::to_string(geo_.writer_pid) + ") of queue " + name_ +
                           " died; every message it published was delivered: recreate the queue");
