@@ -5,8 +5,8 @@ Contract:
 - ``install()`` (the plugin calls it in every vLLM process when ``HOTLOOP_VLLM_TIMELINE`` is 1/true/yes/on, whether
   or not hotloop's queue is on, so every arm of a benchmark is measured the same way) wraps methods of vLLM's own
   classes with stamps of ``time.monotonic_ns()`` (CLOCK_MONOTONIC: one clock for every process of the machine):
-  - engine core, per request: ``EngineCore.preprocess_add_request`` (the input thread has decoded the ADD: the
-    request reached the engine core) and ``EngineCore.add_request`` (the main thread puts it into the scheduler;
+  - engine core, per request: ``EngineCore.preprocess_add_request`` entry (the input thread has decoded the ADD:
+    the request reached the engine core) and exit (it goes into the input queue next), and ``EngineCore.add_request`` (the main thread puts it into the scheduler;
     also whether that happened while a step ran, i.e. through hotloop's engine-core loop);
   - engine core, per step: ``MultiprocExecutor.execute_model`` and ``sample_tokens`` (the step, and its sampling
     call, broadcast to the workers), ``Scheduler.update_from_output`` entry (the step's answer has been read) and
@@ -17,7 +17,7 @@ Contract:
   Cost: a few clock reads and list appends per request and per step; off, nothing is wrapped.
 - Reading the stamps (each call returns what was recorded since the last and forgets it; at most 65536 records):
   ``call_utility_async("hotloop_timeline")`` on the engine core returns ``{"requests": {id: [arrived, scheduled,
-  during_step]}, "steps": [[step, broadcast, sample_broadcast, response_read, outputs_made, [new request ids]]]}``;
+  during_step, preprocessed]}, "steps": [[step, broadcast, sample_broadcast, response_read, outputs_made, [new request ids]]]}``;
   ``collective_rpc("hotloop_timeline")`` returns each worker's ``[[step, read, done, sample_read,
   sample_done]]`` (None where the call did not happen); ``call_utility_async("hotloop_queue_waits")`` returns the
   engine core's queue waits alone (``{"request_ids", "waits_us", "during_step"}``).
@@ -38,7 +38,7 @@ _MAX = 1 << 16  # records kept between two reads
 HOPS = ("front end -> engine core", "engine core queue", "scheduler -> step broadcast", "broadcast -> worker read",
         "worker step", "step done -> response read", "response read -> outputs", "outputs -> front end")
 
-_requests: dict[str, list] = {}  # request id -> [arrived ns, scheduled ns | None, during step]
+_requests: dict[str, list] = {}  # request id -> [arrived ns, scheduled ns | None, during step, preprocessed ns]
 _steps: collections.deque = collections.deque(maxlen=_MAX)  # engine core: one list per step
 _by_output: dict[int, list] = {}  # id(SchedulerOutput) -> its step's list, until update_from_output
 _worker_steps: collections.deque = collections.deque(maxlen=_MAX)
@@ -58,7 +58,7 @@ def _stamp_arrival(preprocess):
         t = _now()
         out = preprocess(self, request, *args, **kwargs)
         if len(_requests) < _MAX:
-            _requests[request.request_id] = [t, None, False]
+            _requests[request.request_id] = [t, None, False, _now()]
         return out
 
     return wrapper
