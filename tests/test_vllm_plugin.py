@@ -1,7 +1,8 @@
 """vLLM's own engine on hotloop's queue (the ``vllm.general_plugins`` entry point, HOTLOOP_VLLM=1): the plugin
 patches where vLLM looks the class up, vLLM's process-group constructor works, TP=2 greedy tokens match vLLM's
-own queue and loop (on hotloop's queue, with and without hotloop's engine-core loop), a SIGKILLed worker surfaces vLLM's EngineDeadError within seconds, the engine core's death ends its
-workers, and nothing is left in /dev/shm or the process table.
+own queue and loop (on hotloop's queue, with and without hotloop's engine-core loop), a SIGKILLed worker
+surfaces vLLM's EngineDeadError within seconds, the engine core's death ends its workers, and nothing is left in
+/dev/shm or the process table.
 
 Needs vLLM (``pip install "hotloop[vllm]"``, docs/vllm.md); skipped otherwise. vLLM runs in child processes
 (``python -m hotloop.bench.vllm_bench --driver``), never in the test process. Engine starts take a while on a

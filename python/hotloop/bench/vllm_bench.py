@@ -40,7 +40,6 @@ from hotloop.bench.report import (NO_PLOT, Progress, cdf_panel, cmdline, descend
                                    process_tree_cpu_seconds, processes, pyplot, table)
 
 OUTPUT_TOKENS = 64
-BATCHES = (1, 16)
 ARMS = ("vllm", "hotloop", "hotloop+loop")  # vLLM's queue and loop; hotloop's queue; hotloop's queue and loop
 BIND = {1: "0", 2: "0|1"}
 
@@ -409,8 +408,9 @@ def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), seed: int = 
                     if ids != reference.setdefault(shape.name, ids):
                         differ.add(f"TP={tp} {arm} round {rnd + 1} {shape.name}")
                 raw[(tp, arm)].append(res)
-                progress.step(f"round {rnd + 1} TP={tp} {arm}: poisson TTFT p50 {res['poisson']['ttft_p50_ms']:.1f} "
-                              f"ms, decode {res['decode']['tok_per_s']:.0f} tok/s, idle {res['idle_pct']['tree']:.1f} %")
+                progress.step(f"round {rnd + 1} TP={tp} {arm}: poisson TTFT p50 "
+                              f"{res['poisson']['ttft_p50_ms']:.1f} ms, decode {res['decode']['tok_per_s']:.0f} "
+                              f"tok/s, idle {res['idle_pct']['tree']:.1f} %")
     progress.close()
     data = summarize(raw, tps, quick, rounds)
     data.update({"vllm_version": version, "supported": list(SUPPORTED_VLLM_VERSIONS), "seed": seed,
@@ -475,7 +475,8 @@ def goals(data: dict, tps) -> list[dict]:
                 "met": all(v <= 0.1 for v in idle.values()),
                 "detail": ", ".join(f"TP={tp} {v:.2f} %" for tp, v in idle.items())})
     out.append({"goal": "greedy outputs identical across the three arms", "met": data["identical_greedy_outputs"],
-                "detail": "yes" if data["identical_greedy_outputs"] else "differ: " + ", ".join(data["outputs_differ"])})
+                "detail": ("yes" if data["identical_greedy_outputs"]
+                           else "differ: " + ", ".join(data["outputs_differ"]))})
     return out
 
 

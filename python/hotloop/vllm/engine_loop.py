@@ -31,7 +31,6 @@ Turned on by the plugin with ``HOTLOOP_VLLM_LOOP=1`` (see ``hotloop.vllm``); ``u
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import queue
 import sys
@@ -39,6 +38,7 @@ import threading
 import time
 
 from hotloop._core import InputQueue, WaitPolicy, wait_any
+from hotloop.vllm.class_patches import ClassPatches
 
 _ENGINE_CORE = "vllm.v1.engine.core"
 _EXECUTOR = "vllm.v1.executor.multiproc_executor"
@@ -186,7 +186,7 @@ class StepWait:
 
 
 _local = threading.local()  # .wait: the StepWait of the engine step running on this thread
-_saved: dict = {}  # what install() replaced: (owner, attribute) -> the original (absent: the attribute was not set)
+_patches = ClassPatches()  # what install() replaced
 
 
 def _in_step(process_engine_step):
@@ -250,24 +250,16 @@ def install() -> None:
     proc, future = core.EngineCoreProc, executor.FutureWrapper
     if getattr(proc.__dict__.get("_process_engine_step"), "__hotloop__", False):
         return
-    for owner, attr, new in ((proc, "input_queue", _InputQueueSlot()),
-                             (proc, "_process_engine_step", _in_step(proc.__dict__["_process_engine_step"])),
-                             (proc, "hotloop_loop_state", loop_state),
-                             (future, "result", _waiting_result(future.__dict__["result"]))):
-        _saved[(owner, attr)] = owner.__dict__.get(attr, _saved)
-        setattr(owner, attr, new)
+    _patches.set(proc, "input_queue", _InputQueueSlot())
+    _patches.set(proc, "_process_engine_step", _in_step(proc.__dict__["_process_engine_step"]))
+    _patches.set(proc, "hotloop_loop_state", loop_state)
+    _patches.set(future, "result", _waiting_result(future.__dict__["result"]))
 
 
 def uninstall() -> None:
     """Put vLLM's loop back (engine cores built meanwhile keep their EngineInputQueue, which behaves as
     queue.Queue)."""
-    for (owner, attr), old in _saved.items():
-        if old is _saved:
-            with contextlib.suppress(AttributeError):
-                delattr(owner, attr)
-        else:
-            setattr(owner, attr, old)
-    _saved.clear()
+    _patches.restore()
 
 
 def is_installed() -> bool:

@@ -6,8 +6,9 @@ Contract:
   or not hotloop's queue is on, so every arm of a benchmark is measured the same way) wraps methods of vLLM's own
   classes with stamps of ``time.monotonic_ns()`` (CLOCK_MONOTONIC: one clock for every process of the machine):
   - engine core, per request: ``EngineCore.preprocess_add_request`` entry (the input thread has decoded the ADD:
-    the request reached the engine core) and exit (it goes into the input queue next), and ``EngineCore.add_request`` (the main thread puts it into the scheduler;
-    also whether that happened while a step ran, i.e. through hotloop's engine-core loop);
+    the request reached the engine core) and exit (it goes into the input queue next), and
+    ``EngineCore.add_request`` (the main thread puts it into the scheduler; also whether that happened while a
+    step ran, i.e. through hotloop's engine-core loop);
   - engine core, per step: ``MultiprocExecutor.execute_model`` and ``sample_tokens`` (the step, and its sampling
     call, broadcast to the workers), ``Scheduler.update_from_output`` entry (the step's answer has been read) and
     exit (its outputs are made; the output thread sends them next), and the new requests the step prefills;
@@ -17,7 +18,8 @@ Contract:
   Cost: a few clock reads and list appends per request and per step; off, nothing is wrapped.
 - Reading the stamps (each call returns what was recorded since the last and forgets it; at most 65536 records):
   ``call_utility_async("hotloop_timeline")`` on the engine core returns ``{"requests": {id: [arrived, scheduled,
-  during_step, preprocessed]}, "steps": [[step, broadcast, sample_broadcast, response_read, outputs_made, [new request ids]]]}``;
+  during_step, preprocessed]}, "steps": [[step, broadcast, sample_broadcast, response_read, outputs_made,
+  [new request ids]]]}``;
   ``collective_rpc("hotloop_timeline")`` returns each worker's ``[[step, read, done, sample_read,
   sample_done]]`` (None where the call did not happen); ``call_utility_async("hotloop_queue_waits")`` returns the
   engine core's queue waits alone (``{"request_ids", "waits_us", "during_step"}``).
@@ -33,6 +35,9 @@ import re
 import sys
 import time
 
+from hotloop.vllm import engine_loop
+from hotloop.vllm.class_patches import ClassPatches
+
 _MAX = 1 << 16  # records kept between two reads
 
 HOPS = ("front end -> engine core", "engine core queue", "scheduler -> step broadcast", "broadcast -> worker read",
@@ -43,7 +48,7 @@ _steps: collections.deque = collections.deque(maxlen=_MAX)  # engine core: one l
 _by_output: dict[int, list] = {}  # id(SchedulerOutput) -> its step's list, until update_from_output
 _worker_steps: collections.deque = collections.deque(maxlen=_MAX)
 _step_count = [0]
-_saved: dict = {}
+_patches = ClassPatches()
 
 
 def _now() -> int:
@@ -69,8 +74,6 @@ def _stamp_scheduled(add_request):
     def wrapper(self, request, *args, **kwargs):
         rec = _requests.get(request.request_id)
         if rec is not None and rec[1] is None:
-            from hotloop.vllm import engine_loop
-
             rec[1], rec[2] = _now(), engine_loop.in_step()
         return add_request(self, request, *args, **kwargs)
 
@@ -165,45 +168,35 @@ def worker_timeline(self=None) -> list:
 
 # ---- install ----
 
-def _wrap(owner, attr, new) -> None:
-    _saved[(owner, attr)] = owner.__dict__.get(attr, _saved)
-    setattr(owner, attr, new)
-
-
 def install() -> list[str]:
     """Stamp what this process runs of vLLM (the engine core's classes, the workers' wrapper), where loaded.
     Idempotent. Returns which parts were stamped."""
-    if _saved:
-        return sorted({owner.__name__ for owner, _ in _saved})
+    if _patches:
+        return _patches.owners()
     core = sys.modules.get("vllm.v1.engine.core")
     if core is not None:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-        ec = core.EngineCore
-        _wrap(ec, "preprocess_add_request", _stamp_arrival(ec.__dict__["preprocess_add_request"]))
-        _wrap(ec, "add_request", _stamp_scheduled(ec.__dict__["add_request"]))
-        _wrap(ec, "hotloop_timeline", core_timeline)
-        _wrap(ec, "hotloop_queue_waits", queue_waits)
-        _wrap(MultiprocExecutor, "execute_model", _stamp_broadcast(MultiprocExecutor.__dict__["execute_model"]))
-        _wrap(MultiprocExecutor, "sample_tokens", _stamp_sample_broadcast(MultiprocExecutor.__dict__["sample_tokens"]))
-        _wrap(Scheduler, "update_from_output", _stamp_response(Scheduler.__dict__["update_from_output"]))
+        ec, mpe = core.EngineCore, MultiprocExecutor
+        _patches.set(ec, "preprocess_add_request", _stamp_arrival(ec.__dict__["preprocess_add_request"]))
+        _patches.set(ec, "add_request", _stamp_scheduled(ec.__dict__["add_request"]))
+        _patches.set(ec, "hotloop_timeline", core_timeline)
+        _patches.set(ec, "hotloop_queue_waits", queue_waits)
+        _patches.set(mpe, "execute_model", _stamp_broadcast(mpe.__dict__["execute_model"]))
+        _patches.set(mpe, "sample_tokens", _stamp_sample_broadcast(mpe.__dict__["sample_tokens"]))
+        _patches.set(Scheduler, "update_from_output", _stamp_response(Scheduler.__dict__["update_from_output"]))
     worker = sys.modules.get("vllm.v1.worker.worker_base")
     if worker is not None:
         ww = worker.WorkerWrapperBase
-        _wrap(ww, "execute_model", _stamp_worker(ww.__dict__["execute_model"], 1))
-        _wrap(ww, "sample_tokens", _stamp_worker(ww.__dict__.get("sample_tokens", _worker_sample_tokens), 3))
-        _wrap(ww, "hotloop_timeline", worker_timeline)
-    return sorted({owner.__name__ for owner, _ in _saved})
+        _patches.set(ww, "execute_model", _stamp_worker(ww.__dict__["execute_model"], 1))
+        _patches.set(ww, "sample_tokens", _stamp_worker(ww.__dict__.get("sample_tokens", _worker_sample_tokens), 3))
+        _patches.set(ww, "hotloop_timeline", worker_timeline)
+    return _patches.owners()
 
 
 def uninstall() -> None:
-    for (owner, attr), old in _saved.items():
-        if old is _saved:
-            delattr(owner, attr)
-        else:
-            setattr(owner, attr, old)
-    _saved.clear()
+    _patches.restore()
 
 
 # ---- reading ----
