@@ -149,8 +149,8 @@ def require_supported_vllm() -> None:
     except Exception as e:  # noqa: BLE001  (ImportError, or a vLLM build that fails to import here)
         pytest.skip(f"vLLM is not importable ({type(e).__name__}: {e}); pip install \"hotloop[vllm]\" to run these",
                     allow_module_level=True)
-    from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, vllm_version
+    from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, is_supported, vllm_version
 
-    if vllm_version().split("+")[0] not in SUPPORTED_VLLM_VERSIONS:
+    if not is_supported(vllm_version()):
         pytest.skip(f"vLLM {vllm_version()} is not one hotloop supports ({SUPPORTED_VLLM_VERSIONS})",
                     allow_module_level=True)

@@ -23,7 +23,7 @@ from conftest import require_supported_vllm
 require_supported_vllm()
 
 from hotloop.bench.vllm_bench import Driver  # noqa: E402
-from hotloop.vllm import tiny_model  # noqa: E402
+from hotloop.vllm import tiny_model, vllm_version  # noqa: E402
 
 HOTLOOP_QUEUE = "hotloop.vllm.message_queue.MessageQueue"
 VLLM_QUEUE = "vllm.distributed.device_communicators.shm_broadcast.MessageQueue"
@@ -98,7 +98,7 @@ def test_install_patches_every_lookup_and_the_entry_point_is_gated():
         print("OK")
     """)
     assert "OK" in out
-    assert "hotloop: vLLM 0.32.0 runs on hotloop's MessageQueue" in out
+    assert f"hotloop: vLLM {vllm_version()} runs on hotloop's MessageQueue" in out
     assert "OWN: BadHandleError vLLM's own MessageQueue was given a hotloop queue handle" in out
     assert "MINE: BadHandleError hotloop's MessageQueue was given a handle of vLLM's own MessageQueue" in out
 

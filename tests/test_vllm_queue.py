@@ -5,6 +5,7 @@ raises mid-read, remote readers by vLLM rank, dead peers, handle mix-ups, and th
 import logging
 import multiprocessing as mp
 import os
+import re
 import threading
 import time
 
@@ -244,6 +245,46 @@ def test_remote_readers_by_vllm_rank_and_rank_minus_one():
     single.close()
 
 
+def test_handle_pickled_and_workers_started_from_several_threads_at_once():
+    # vLLM 0.33 starts a node's workers from a thread pool (CUDA, spawn): each thread pickles the same exported
+    # handle into its process's arguments while the others do. Two shared-memory and two TCP readers.
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spawned_queue_reader import read_all  # a module without torch: the children start in a second or two
+
+    spawn, count, ranks = mp.get_context("spawn"), 300, range(4)
+    q = MessageQueue(4, 2, local_reader_ranks=[0, 1], connect_ip="127.0.0.1")
+    handle = q.export_handle()
+    results = spawn.Queue()
+    barrier = threading.Barrier(len(ranks))
+
+    def start(rank):
+        barrier.wait()  # every thread pickles and starts at once
+        blobs = {pickle.dumps(handle) for _ in range(50)}
+        assert len(blobs) == 1, "pickling the handle from several threads gave different bytes"
+        p = spawn.Process(target=read_all, args=(blobs.pop(), rank, count, results))
+        p.start()
+        return p
+
+    with ThreadPoolExecutor(max_workers=len(ranks)) as pool:
+        procs = list(pool.map(start, ranks))
+    try:
+        q.wait_until_ready(timeout=120)
+        for i in range(count):
+            q.enqueue({"i": i})
+        got = dict(results.get(timeout=120) for _ in ranks)
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        q.shutdown()
+        q.close()
+    assert got == {r: list(range(count)) for r in ranks}
+    assert all(p.exitcode == 0 for p in procs)
+
+
 def test_bad_ranks_and_mixed_handles_give_clear_errors():
     q = MessageQueue(2, 2)
     h = q.export_handle()
@@ -338,15 +379,17 @@ def test_plugin_does_nothing_unless_enabled_and_names_supported_versions(monkeyp
     assert hv.enabled_by_env()[0] is True
     monkeypatch.setenv("HOTLOOP_VLLM", "0")
     assert hv.enabled_by_env()[0] is False
-    with pytest.raises(RuntimeError, match="supports vLLM 0.32.0; this is vLLM 0.31.0"):
-        hv.check_version("0.31.0")
-    assert hv.check_version("0.32.0+cpu") == "0.32.0+cpu"
+    for version in ("0.30.0", "0.31.0+cpu", "0.32.0+cpu", "0.33.0", "0.32.1"):  # releases and a patch release
+        assert hv.check_version(version) == version
+    for version in ("0.29.2", "0.34.0", "0.33.0rc1", "0.33.1.dev3+g1234"):  # outside the range, or not a release
+        with pytest.raises(RuntimeError, match=f"supports vLLM 0.30.0, 0.31.0, 0.32.0, 0.33.0 .*this is vLLM {re.escape(version)}"):
+            hv.check_version(version)
     # enabled on a machine whose vLLM is missing or unsupported: a warning, vLLM's own queue stays
     monkeypatch.setenv("HOTLOOP_VLLM", "1")
     monkeypatch.setattr(hv, "vllm_version", lambda: "0.1.0")
     with caplog.at_level(logging.WARNING, logger="vllm.hotloop"):
         hv.register()
-    assert any("supports vLLM 0.32.0" in m for m in caplog.messages)
+    assert any("supports vLLM 0.30.0" in m and "this is vLLM 0.1.0" in m for m in caplog.messages)
     assert not hv.is_installed()
 
 

