@@ -6,15 +6,12 @@ Debian's chromium) the page loads with every image, no script error and nothing 
 import copy
 import os
 import re
-import sys
 
+import page_check
 import pytest
 
 from hotloop.bench import report_page
 from hotloop.bench.report import Goal, Report, check_goals, table, verdict_line
-
-sys.path.insert(0, os.path.dirname(__file__))
-import page_check  # noqa: E402
 
 RECORD = {
     "info": {"python": "3.x"},
