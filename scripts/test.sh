@@ -4,7 +4,8 @@
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer;
 #   3. the Python package (pip install ".[test,vllm]": with vLLM's CPU build, so the vLLM engine tests run) and its
 #      pytest suite, in build/venv unless a virtual environment is active already;
-#   4. a smoke run of `hotloop bench` (short runs, the default).
+#   4. a smoke run of `hotloop bench` (short runs, the default), its report page loaded in headless Chromium
+#      (Debian's chromium: tests/page_check.py; tests/test_bench_report.py loads a small page the same way).
 # Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs); HOTLOOP_SKIP_VLLM=1 leaves vLLM out
 # of step 3 (tests/test_vllm_plugin.py then skips).
 set -euo pipefail
@@ -15,7 +16,7 @@ jobs=$(nproc)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 missing=()
-for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev spin; do
+for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev spin chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 # cmake and ninja may come from pip instead of Debian: only install what is absent altogether
@@ -85,6 +86,10 @@ for name in record["results"]:
     missing = [i for i in images if not os.path.getsize(os.path.join(report, i))]
     if f"<h2 id='{name}'>" not in page or not images or missing:
         sys.exit(f"bench report {report}: benchmark {name!r} has no plot on the page (or an empty PNG: {missing})")
+if "<h2 id='verdict'>" not in page:
+    sys.exit(f"bench report {report}: no verdict at the top of the page")
 print(f"bench report: {len(record['results'])} benchmarks, {page.count('<img ')} plots in {report}")
 PY
+# every image loads, no script error, nothing wider than a laptop's window
+python3 "$root/tests/page_check.py" "$root/build/bench-report/index.html"
 echo "all hotloop tests passed"

@@ -1,7 +1,8 @@
 """The ``hotloop`` command: ``hotloop bench [NAME ...] [--full] [--json PATH] [--report DIR]``, ``hotloop info`` and ``hotloop soak``.
 
 ``hotloop bench`` alone runs the short version of every benchmark (a few minutes); ``--full`` the long runs. It
-ends by writing the report page (every table and plot; bench/report_page.py) and naming it."""
+ends by printing the verdict on every goal the benchmarks state, then writes the report page (the verdict, every
+table and plot; bench/report_page.py) and names it."""
 
 from __future__ import annotations
 
@@ -90,13 +91,18 @@ def cmd_bench(args) -> int:
         texts[name] = text
         print(f"== hotloop bench {name}{' (short run; --full for the long one)' if quick else ''} ==\n{text}\n",
               flush=True)
+    from hotloop.bench import report_page
+    from hotloop.bench.report import verdict_line
+
+    lines = [verdict_line(b, g) for b, goals in report_page.verdicts(record).items() for g in goals]
+    if lines:
+        met = sum(line.startswith("met ") for line in lines)
+        print(f"== goals: {met} of {len(lines)} met{' (short run)' if quick else ''} ==\n" + "\n".join(lines) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=2, default=float)
         print(f"wrote {args.json}")
     if report:
-        from hotloop.bench import report_page
-
         page, images = report_page.write(record, texts, report, plots)
         print(f"report: {page} ({len(images)} plots in {report})")
     return 0

@@ -31,8 +31,8 @@ import random
 import statistics
 import time
 
-from hotloop.bench.report import (NO_PLOT, Progress, cdf_panel, fmt, percentile, process_tree_cpu_seconds, pyplot,
-                                   table, time_stream)
+from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, fmt, percentile, process_tree_cpu_seconds,
+                                   pyplot, table, time_stream)
 
 MODES = ("block", "poll", "hotloop")
 EXECUTORS = ("inprocess", "multiproc")
@@ -204,7 +204,7 @@ def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png",
             "single_tok_per_s", "poisson_ttft_p99_ms", "poisson_itl_p99_ms", "queue_wait_p50_us",
             "queue_wait_p99_us", "cpu_ms_per_token")), fmt(idle["idle_cpu_pct"], 3)])
     reps = p["repeats"]
-    text = table(
+    text = Report([table(
         f"engine A/B, model '{MODEL}' on {device}, medians over {reps} repeat{'s' * (reps > 1)} "
         f"(arrivals {p['arrivals']} x 128/8; decode {p['decode_n']} x 32/{p['decode_len']}; single 32/"
         f"{p['single_len']}; poisson {p['rate']:g} req/s for {p['poisson_s']:g} s, 32/32; idle {p['idle_s']:g} s)",
@@ -216,7 +216,8 @@ def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png",
              "GIL released; poll: done() in a Python loop; hotloop: wait_any on until(token) and the inputs). "
              "Noise: the *_spread fields of --json give half the range over repeats. "
              + _ray_note(results, ray_missing),
-    )
+    )])
     if plot_path:
-        text += "\n" + _plot(results, plot_path)
+        text.append(_plot(results, plot_path))
+    data["goals"] = []  # figures side by side; no goal is stated for them
     return data, text

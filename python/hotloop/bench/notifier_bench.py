@@ -23,7 +23,7 @@ import time
 
 import hotloop
 import hotloop.cuda
-from hotloop.bench.report import Progress, fmt, median, percentile, summarize_us, table
+from hotloop.bench.report import Goal, Progress, Report, check_goals, fmt, median, percentile, summarize_us, table
 
 MECHANISMS = ("stream_callback", "event_thread")
 
@@ -138,21 +138,25 @@ def _run_fake(quick: bool):
     progress.step("completion latency")
     lat = _completion_latency(fake, rounds)
     progress.close()
-    text = table(
+    text = Report()
+    text.append(table(
         "(a) cost per call from Python (fake driver; median of repeats)",
         ["call", "ns"],
         [[k, fmt(v, 0)] for k, v in costs.items()],
         note="done() is one atomic load in C++; what is left is the Python call. mark() includes the fake "
-        "driver's enqueue (a mutex and a condition variable), not a real driver's.",
-    )
-    text += "\n\n" + table(
+        "driver's enqueue (a mutex and a condition variable), not a real driver's.", key="call_ns",
+    ))
+    text.append(table(
         f"(b) completion -> waiter back in Python, us ({rounds} rounds; fake driver: streams are host threads)",
         ["notifier", "p50", "p99"],
         [[k, fmt(v["p50_us"]), fmt(v["p99_us"])] for k, v in lat.items()],
         note="The waiter parks before each completion (200 us later), so this is the full wake path: "
         "mechanism thread -> doorbell -> futex wake -> GIL. GPU figures need a GPU: benchmarks/gpu_check.sh.",
-    )
-    return {"mode": "fake", "call_ns": costs, "completion_latency_us": lat}, text
+        key="completion_latency_us",
+    ))
+    data = {"mode": "fake", "call_ns": costs, "completion_latency_us": lat}
+    data["goals"] = check_goals(goals(data), data)
+    return data, text
 
 
 # ---- real GPU ----------------------------------------------------------------------------------------------------
@@ -261,15 +265,33 @@ def _run_gpu(quick: bool):
             fmt(l_["cpu_pct_of_core"]),
             fmt(l_["cpu_pct_of_core"] / long[spin]["cpu_pct_of_core"] * 100),
         ])
-    text = table(
+    text = Report([table(
         f"GPU ({torch.cuda.get_device_name()}): kernel end -> waiter back in Python, and CPU while waiting",
         ["waiter", "50us: over kernel p50", "p99", "vs spin (launch->ret)", "5ms: CPU %", "% of spin's CPU"],
         rows,
         note="over kernel = launch -> return minus the fastest busy-spin round (the kernel's length plus launch); "
         "CPU = process CPU time (every thread, driver and helper threads included) / wall time. Goal: "
-        "hotloop within 1.5x of the spin's launch->return at <= 10 % of its CPU.",
-    )
-    return {"mode": "gpu", "device": torch.cuda.get_device_name(), "kernel_50us": short, "kernel_5ms": long}, text
+        "hotloop within 1.5x of the spin's launch->return at <= 10 % of its CPU.", key="kernel_50us",
+    )])
+    data = {"mode": "gpu", "device": torch.cuda.get_device_name(), "kernel_50us": short, "kernel_5ms": long}
+    data["goals"] = check_goals(goals(data), data)
+    return data, text
+
+
+def goals(data: dict) -> list[Goal]:
+    """The GPU table's goals, per hotloop mechanism (the report page's verdict). The fake driver's figures have
+    none: its streams are host threads, so there is no GPU wait to compare with."""
+    if data.get("mode") != "gpu":
+        return []
+    spin = "(i) Python event.query() spin"
+    out = []
+    for mech in MECHANISMS:
+        row = f"hotloop StepNotifier [{mech}]"
+        out.append(Goal(f"50 us kernels: {row} returns within 1.5x of the spin (launch -> return p50)",
+                        "kernel_50us", row, "launch_to_return.p50_us", "<=", 1.5, against=spin, unit="us"))
+        out.append(Goal(f"5 ms kernels: {row} uses <= 10 % of the spin's CPU", "kernel_5ms", row,
+                        "cpu_pct_of_core", "<=", 0.10, against=spin, unit="% of a core"))
+    return out
 
 
 def run(quick: bool = False):

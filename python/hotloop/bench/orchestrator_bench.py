@@ -16,7 +16,7 @@ import asyncio
 import statistics
 import time
 
-from hotloop.bench.report import Progress, fmt, percentile, table
+from hotloop.bench.report import Progress, Report, fmt, percentile, table
 
 CHUNK = 4
 MAX_TOKENS = 24
@@ -114,5 +114,5 @@ def run(quick: bool = False):
             f"event vs poll: idle CPU {fmt(ev['idle_cpu_pct'], 3)} vs {fmt(po['idle_cpu_pct'], 3)} %, "
             f"TTFP p99 at c8 {fmt(ev['c8_ttft_p99_ms'])} vs {fmt(po['c8_ttft_p99_ms'])} ms "
             f"(spread {fmt(ev['c8_ttft_p99_ms_spread'])} / {fmt(po['c8_ttft_p99_ms_spread'])}).")
-    text = table("orchestrator A/B: LLM stage -> transform stage, streaming", heads, rows, note=note)
-    return data, text
+    data["goals"] = []  # figures side by side; no goal is stated for them
+    return data, Report([table("orchestrator A/B: LLM stage -> transform stage, streaming", heads, rows, note=note)])

@@ -33,7 +33,7 @@ import time
 
 import hotloop
 from hotloop import MessageQueue, WaitPolicy
-from hotloop.bench.report import Progress, fmt, median, percentile, summarize_us, table
+from hotloop.bench.report import Goal, Progress, Report, check_goals, fmt, median, percentile, summarize_us, table
 from hotloop.bench.spin_ring import SpinRing
 
 CTX = mp.get_context("fork")
@@ -644,7 +644,8 @@ def run(quick: bool = False, runs: int = 5):
                                      ("faster-fifo (pip install hotloop[bench])", _installed("faster_fifo")),
                                      ("pyzmq", _installed("zmq"))) if not ok]
     method = (f"median of {runs} alternating runs; each run: {rounds} round trips after {warmup} warm-up")
-    text = table(
+    text = Report()
+    text.append(table(
         f"(a) round trip between two processes, us ({method}); each row next to its floor, same run",
         ["transport", "64B p50", "p99", "p99.9", "64KiB p50", "p99", "floor", "64B p50 / floor", "p99 / floor",
          "64KiB p50 / floor"],
@@ -652,18 +653,18 @@ def run(quick: bool = False, runs: int = 5):
         note="Objects are {'payload': bytes(n)}, pickled (vLLM's queue pickles too). Goals: objects p50 <= 1.5x "
         "and p99 <= 3x the bytes path. 'bytes path + pickle.dumps/loads' pickles around enqueue_bytes/dequeue_bytes "
         "in Python: what pickle itself adds, the object path's own floor." +
-        (f" Not measured: {', '.join(missing)}." if missing else ""),
-    )
+        (f" Not measured: {', '.join(missing)}." if missing else ""), key="round_trip_us",
+    ))
     trows = []
     for peer in peers:
         rate, fl = thr[peer.name]["msgs_per_s"], peer.floor
         trows.append([peer.name, rate / 1e6, fl or "(a floor)",
                       fmt(_ratio(rate, thr[fl]["msgs_per_s"]), 2) if fl else "-"])
-    text += "\n\n" + table(
+    text.append(table(
         f"(b) one-way throughput of 64 B messages ({n_through} messages; median of {runs} alternating runs)",
         ["transport", "M msg/s", "floor", "rate / floor"], trows,
         note="Goals: objects >= 0.6x the bytes path; bytes path >= 0.9x the spin ring. 'bytes path + "
-        "pickle.dumps/loads': the object path's own floor (see (a)).")
+        "pickle.dumps/loads': the object path's own floor (see (a)).", key="throughput_msgs_per_s"))
     plain, curve = rem[_PubSub.name], rem[_PubSubCurve.name]
     rrows = []
     for peer in remote:
@@ -671,23 +672,24 @@ def run(quick: bool = False, runs: int = 5):
         rrows.append([peer.name, "yes" if peer in (_PubSubCurve, _HotloopRemote) else "no", r["p50_us"],
                       r["p99_us"], r["p99.9_us"], fmt(_ratio(r["p50_us"], plain["p50_us"]), 2),
                       fmt(_ratio(r["p50_us"], curve["p50_us"]), 2)])
-    text += "\n\n" + table(
+    text.append(table(
         f"(r) remote: 64 B round trip over TCP loopback, us (median of {runs} alternating runs of {remote_rounds} "
         "round trips)",
         ["transport", "CURVE", "p50", "p99", "p99.9", "p50 / PUB/SUB no CURVE", "p50 / PUB/SUB CURVE"], rrows,
         note="hotloop: enqueue_bytes/dequeue_bytes, a remote reader on each side (authenticated CurveZMQ, "
         "no-drop backpressure, liveness). Goal: p50 <= 1.3x plain PUB/SUB; the CURVE column says what "
-        "encryption costs by itself, the last ratio what hotloop adds beyond it.")
-    text += "\n\n" + table(
+        "encryption costs by itself, the last ratio what hotloop adds beyond it.", key="remote_round_trip_us"))
+    text.append(table(
         f"(c) a {bigr['bytes'] >> 20} MiB {bigr['kind']} through the queue, 5 times",
         ["first GB/s", "then (median) GB/s", "memcpy GB/s", "% of memcpy"],
         [[fmt(bigr["first_GBps"], 2), fmt(bigr["steady_GBps"], 2), fmt(bigr["memcpy_GBps"], 2),
           fmt(bigr["pct_of_memcpy"])]],
         note="enqueue start -> reader has the tensor: two copies (into the ring, out of it, pipelined by record). "
         "The first transfer also pays for the reader's fresh memory (page faults); later ones reuse it.",
-    )
-    text += "\n\n" + table(
-        f"(d) a reader parked {idle_s:.0f} s on an empty queue", ["reader CPU % of a core"], [[fmt(idle_pct, 3)]])
+        key="large_message"))
+    text.append(table(
+        f"(d) a reader parked {idle_s:.0f} s on an empty queue", ["reader CPU % of a core"], [[fmt(idle_pct, 3)]],
+        key="idle_reader_cpu_pct"))
     prow = []
     for period in periods:
         spin_cpu = per[(period, "always spin")]["reader_cpu_pct"]
@@ -697,12 +699,12 @@ def run(quick: bool = False, runs: int = 5):
             prow.append([f"{period * 1e3:.0f} ms", pname, fmt(r["latency"]["p50_us"]), fmt(r["latency"]["p99_us"]),
                          fmt(r["latency"]["p50_us"] / spin_p50, 2), fmt(r["reader_cpu_pct"]),
                          fmt(100 * r["reader_cpu_pct"] / spin_cpu if spin_cpu else float("nan"))])
-    text += "\n\n" + table(
+    text.append(table(
         f"(e) periodic traffic ({periodic_n} messages of 64 B per row, +-20 % jitter): delivery latency, us",
         ["period", "reader policy", "p50", "p99", "p50 vs spin", "reader CPU %", "% of spin's CPU"],
         prow,
         note="Goal: the adaptive/default reader within 2x of the spinning reader's p50 at <= 25 % of its CPU.",
-    )
+        key="periodic"))
     data = {
         "runs": runs,
         "round_trip_us": {f"{k[0]} {k[1]}B": v for k, v in rt.items()},
@@ -712,4 +714,30 @@ def run(quick: bool = False, runs: int = 5):
         "idle_reader_cpu_pct": idle_pct,
         "periodic": {f"{k[0] * 1e3:.0f}ms {k[1]}": v for k, v in per.items()},
     }
+    data["goals"] = check_goals(goals(data), data)
     return data, text
+
+
+def goals(data: dict) -> list[Goal]:
+    """The goals stated under tables (a), (b), (r) and (e), one per row and figure (the report page's verdict)."""
+    objects, by_bytes = _HotloopObjects.name, _Hotloop.name
+    out = []
+    for size, label in ((SMALL, "64 B"), (LARGE, "64 KiB")):
+        for q, limit in (("p50", 1.5), ("p99", 3.0)):
+            out.append(Goal(f"(a) round trip {label}: objects {q} within {limit:g}x the bytes path", "round_trip_us",
+                            f"{objects} {size}B", f"{q}_us", "<=", limit, against=f"{by_bytes} {size}B", unit="us"))
+    out.append(Goal("(b) throughput: objects >= 0.6x the bytes path", "throughput_msgs_per_s", objects, "msgs_per_s",
+                    ">=", 0.6, against=by_bytes, unit="msg/s"))
+    out.append(Goal("(b) throughput: the bytes path >= 0.9x the spin ring", "throughput_msgs_per_s", by_bytes,
+                    "msgs_per_s", ">=", 0.9, against=_SpinRing.name, unit="msg/s"))
+    out.append(Goal("(r) remote round trip: hotloop p50 within 1.3x plain PUB/SUB", "remote_round_trip_us",
+                    _HotloopRemote.name, "p50_us", "<=", 1.3, against=_PubSub.name, unit="us"))
+    for spin in (k for k in data.get("periodic", {}) if k.endswith(" always spin")):
+        period = spin[:-len(" always spin")]
+        for policy in ("default (spin 20 us, yield 10 us)", "adaptive"):
+            row = f"{period} {policy}"
+            out.append(Goal(f"(e) every {period}: the {policy} reader within 2x of always spin (p50)", "periodic",
+                            row, "latency.p50_us", "<=", 2.0, against=spin, unit="us"))
+            out.append(Goal(f"(e) every {period}: the {policy} reader's CPU <= 25 % of always spin's", "periodic",
+                            row, "reader_cpu_pct", "<=", 0.25, against=spin, unit="%"))
+    return out

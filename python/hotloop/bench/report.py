@@ -1,7 +1,9 @@
-"""Helpers shared by the benchmarks: percentiles, a progress line, tables, and the JSON record."""
+"""Helpers shared by the benchmarks: percentiles, a progress line, tables, goals and their verdicts, and the JSON
+record."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -67,16 +69,138 @@ def fmt(x, digits=1):
     return f"{x:,.{digits}f}"
 
 
-def table(title: str, headers: list[str], rows: list[list], note: str = "") -> str:
-    cells = [[fmt(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))
-    out = [title, line, "-" * len(line)]
-    for r in cells:
-        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-    if note:
-        out.append(note)
-    return "\n".join(out)
+class Table(str):
+    """One table of a benchmark's output: its text as printed (the str itself), and its parts for the report page
+    (``title``, ``headers``, ``rows`` of formatted cells, ``note``; ``key``: the part of the benchmark's results it
+    shows, which its goals name, "" when none)."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    note: str
+    key: str
+
+    def __new__(cls, title: str, headers: list[str], rows: list[list], note: str = "", key: str = ""):
+        cells = [[fmt(c) for c in row] for row in rows]
+        widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+        line = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))
+        out = [title, line, "-" * len(line)]
+        for r in cells:
+            out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if note:
+            out.append(note)
+        self = super().__new__(cls, "\n".join(out))
+        self.title, self.headers, self.rows, self.note, self.key = title, list(headers), cells, note, key
+        return self
+
+
+def table(title: str, headers: list[str], rows: list[list], note: str = "", key: str = "") -> Table:
+    return Table(title, headers, rows, note, key)
+
+
+class Report(list):
+    """A benchmark's printed output in order: Tables and paragraphs (str). ``str()`` is the text ``hotloop bench``
+    prints (parts separated by a blank line); the report page draws each Table as an HTML table."""
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(p) for p in self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """One goal a benchmark states for one row of one of its tables: the row's ``metric`` ``op`` (``"<="`` or
+    ``">="``) ``limit``. The figure is the row's own (``against`` None: an absolute goal, in ``unit``) or its ratio
+    to the same metric of row ``against`` of the same table, the baseline (a ratio goal: "p50 <= 1.5x the bytes
+    path"). ``table`` is the key of the table in the benchmark's results ("" for the top level), ``metric`` a dotted
+    path into the row ("latency.p50_us"), ``says`` the goal in words, naming the row."""
+
+    says: str
+    table: str
+    row: str
+    metric: str
+    op: str
+    limit: float
+    against: str | None = None
+    unit: str = ""
+
+    def check(self, results: dict) -> dict:
+        """The verdict on this goal in a benchmark's results, ready for JSON: the goal's fields, ``value`` (the
+        figure compared with ``limit``: the row's own, or its ratio to the baseline's), ``row_value`` and
+        ``against_value`` (the figures it came from), and ``met``: True, False, or None when a figure is missing
+        (not measured in this run)."""
+        rows = _lookup(results, self.table) if self.table else results
+        own = _lookup(rows, self.row, self.metric)
+        base = _lookup(rows, self.against, self.metric) if self.against else None
+        value = own if self.against is None else (own / base if _finite(own) and _finite(base) and base else None)
+        met = None
+        if _finite(value):
+            met = bool(value <= self.limit if self.op == "<=" else value >= self.limit)
+        return {**dataclasses.asdict(self), "value": value if _finite(value) else None,
+                "row_value": own if _finite(own) else None, "against_value": base if _finite(base) else None,
+                "met": met}
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _lookup(data, *keys):
+    """data[k1][k2]..., each key a dotted path ("latency.p50_us"; a key that holds a dot itself is tried whole
+    first); None where a part is missing."""
+    for key in keys:
+        while True:
+            if not isinstance(data, dict):
+                return None
+            if key in data:
+                data = data[key]
+                break
+            head, dot, key = key.partition(".")
+            if not dot or head not in data:
+                return None
+            data = data[head]
+    return data
+
+
+def check_goals(goals: list[Goal], results: dict) -> list[dict]:
+    """Every goal's verdict (Goal.check), in order: what a benchmark stores under ``"goals"`` in its results."""
+    return [g.check(results) for g in goals]
+
+
+def _figure(x: float) -> str:
+    """Three significant digits without an exponent: 84.9, 0.0562, 1.58, 174,610."""
+    if x == 0 or abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+
+
+def verdict_word(v: dict) -> str:
+    return {True: "met", False: "NOT met", None: "not measured"}[v.get("met")]
+
+
+def verdict_text(v: dict) -> tuple[str, str]:
+    """A goal's verdict in words: (the goal, what was measured against it). Takes Goal.check's dicts, and the
+    ``{"goal", "met", "detail"}`` ones of benchmarks that judge their goals themselves (vllm)."""
+    if "says" not in v:
+        return v.get("goal", "?"), v.get("detail", "")
+    unit = f" {v['unit']}" if v["unit"] else ""
+    if v["against"] is None:
+        goal = f"{v['op']} {v['limit']:g}{unit}"
+        if v["value"] is None:
+            return v["says"], f"not measured (no {v['metric']} for {v['row']!r}); goal {goal}"
+        ratio = f" ({_figure(v['value'] / v['limit'])}x the goal)" if v["limit"] else ""
+        return v["says"], f"{_figure(v['value'])}{unit}, goal {goal}{ratio}"
+    goal = f"{v['op']} {v['limit']:g}x {v['against']}"
+    if v["value"] is None:
+        missing = [r for r, x in ((v["row"], v["row_value"]), (v["against"], v["against_value"])) if x is None]
+        return v["says"], f"not measured (no {v['metric']} for {' or '.join(map(repr, missing))}); goal {goal}"
+    return v["says"], (f"{_figure(v['value'])}x ({_figure(v['row_value'])}{unit} vs {_figure(v['against_value'])}"
+                       f"{unit}), goal {goal}")
+
+
+def verdict_line(bench: str, v: dict) -> str:
+    """One line of the verdict: 'NOT met  wait: <goal>: <measured>'."""
+    goal, measured = verdict_text(v)
+    return f"{verdict_word(v):12s} {bench}: {goal}: {measured}"
 
 
 class Proc(NamedTuple):

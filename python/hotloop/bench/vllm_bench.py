@@ -36,8 +36,8 @@ import subprocess
 import sys
 import time
 
-from hotloop.bench.report import (NO_PLOT, Progress, cdf_panel, cmdline, descendants, fmt, median, percentile,
-                                   process_tree_cpu_seconds, processes, pyplot, table)
+from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, cmdline, descendants, fmt, median,
+                                   percentile, process_tree_cpu_seconds, processes, pyplot, table)
 
 OUTPUT_TOKENS = 64
 ARMS = ("vllm", "hotloop", "hotloop+loop")  # vLLM's queue and loop; hotloop's queue; hotloop's queue and loop
@@ -418,7 +418,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), seed: int = 
     data["goals"] = goals(data, tps)
     text = render(data, tps, quick)
     if plot_path:
-        text += "\n" + _plot(data, raw, tps, plot_path)
+        text.append(_plot(data, raw, tps, plot_path))
     return data, text
 
 
@@ -480,7 +480,7 @@ def goals(data: dict, tps) -> list[dict]:
     return out
 
 
-def render(data: dict, tps, quick: bool) -> str:
+def render(data: dict, tps, quick: bool) -> Report:
     parts = []
     n = data["rounds"]
     for shape in data["shapes"]:
@@ -522,7 +522,7 @@ def render(data: dict, tps, quick: bool) -> str:
                  "process tree's utime + stime. Queue wait: the engine core's input thread to the scheduler (of it "
                  "hand-off: from the end of the input thread's preprocessing, i.e. the queue itself). "
                  "Greedy outputs compared across arms and rounds per shape.")
-    return "\n\n".join(parts)
+    return Report(parts)
 
 
 def _hop_names():

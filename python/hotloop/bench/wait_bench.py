@@ -48,7 +48,7 @@ import time
 import hotloop
 from hotloop import _core, metrics
 from hotloop._core import bench as core_bench
-from hotloop.bench.report import Progress, median, percentile, summarize_us, table
+from hotloop.bench.report import Goal, Progress, Report, check_goals, median, percentile, summarize_us, table
 
 MESSAGE = json.dumps({"request_id": "req-123", "prompt_token_ids": list(range(32)), "sampling": {"temperature": 0}})
 
@@ -458,17 +458,41 @@ def run(quick: bool = False) -> tuple[dict, str]:
         "periodic_seconds": periodic_s,
         "park_backend": _core.park_backend(),
     }
+    data["goals"] = check_goals(goals(data), data)
     return data, render(data)
 
 
-def render(d: dict) -> str:
+def goals(data: dict) -> list[Goal]:
+    """The goals stated under tables (a), (b) and (d), one per row and figure (the report page's verdict)."""
+    out = [
+        Goal("(a) idle: hotloop wait_any's CPU while its source never fires", "idle_cpu", "hotloop wait_any",
+             "cpu_pct_of_core", "<=", 0.1, unit="% of a core"),
+        Goal("(b) GIL damage: the worker keeps its throughput beside (iii) hotloop Waiter.wait", "gil_damage",
+             "(iii) hotloop Waiter.wait", "worker_pct_of_reference", ">=", 95.0, unit="% of the reference"),
+    ]
+    for baseline in ("(i) is_set + sched_yield", "(ii) poll() + sched_yield"):
+        out.append(Goal(f"(b) GIL damage: (iii) hotloop Waiter.wait reacts faster than {baseline} (p50)",
+                        "gil_damage", "(iii) hotloop Waiter.wait", "reaction.p50_us", "<=", 1.0, against=baseline,
+                        unit="us"))
+    rows = list(data.get("cross_process", {}))
+    alone = next((r for r in rows if r.startswith("reader alone [")), "reader alone")
+    for row in rows:
+        if row.startswith("reader + socket [") and row != "reader + socket [sliced]":
+            out.append(Goal(f"(d) one park: {row} wakes within 1.2x of the reader alone (p50)", "cross_process",
+                            row, "wake.p50_us", "<=", 1.2, against=alone, unit="us"))
+            out.append(Goal(f"(d) one park: {row} needs no safety wake-up", "cross_process", row,
+                            "safety_wakeups", "<=", 0))
+    return out
+
+
+def render(d: dict) -> Report:
     m = d["method"]
     parts = []
     parts.append(table(
         f"(a) idle CPU: a thread waiting {m['idle_seconds']:.0f} s for a source that never fires",
         ["waiter", "CPU % of a core"],
         [[k, f"{v['cpu_pct_of_core']:.3f}"] for k, v in d["idle_cpu"].items()],
-        note="    goal: hotloop <= 0.1 %",
+        note="    goal: hotloop <= 0.1 %", key="idle_cpu",
     ))
     rows = []
     for k, v in d["gil_damage"].items():
@@ -485,13 +509,13 @@ def render(d: dict) -> str:
         rows,
         note=(f"    goal: hotloop keeps >= 95 % of the reference and reacts faster than (i) and (ii). Reaction = set -> "
               f"back in Python; 'C++ wake' = set -> wait returned, before the GIL (switch interval "
-              f"{m['switch_interval_ms']:.0f} ms)."),
+              f"{m['switch_interval_ms']:.0f} ms)."), key="gil_damage",
     ))
     parts.append(table(
         f"(c) put -> consumer has the item: {m['put_messages']} messages, one every ~{m['put_period_ms']:.0f} ms",
         ["consumer", "p50 us", "p99 us", "max us", "consumer CPU %"],
         [[k, v["latency"]["p50_us"], v["latency"]["p99_us"], v["latency"]["max_us"], v["consumer_cpu_pct_of_core"]]
-         for k, v in d["put_latency"].items()],
+         for k, v in d["put_latency"].items()], key="put_latency",
     ))
     if "cross_process" in d:
         cp = d["cross_process"]
@@ -511,6 +535,7 @@ def render(d: dict) -> str:
                   "these replace. The socket rows show what the socket's own wake-up pays in the same park "
                   f"(ratio to the socket alone). Backend in use: {m['park_backend']['backend']}"
                   + (f" ({m['park_backend']['reason']})" if m["park_backend"]["reason"] else "")),
+            key="cross_process",
         ))
     if "periodic_split" in d:
         parts.append(table(
@@ -525,8 +550,9 @@ def render(d: dict) -> str:
                   "adaptive one learns that events are far apart and parks almost at once (its spin/yield time drops), "
                   "paying a wake-up instead. 'ring->run' = the parked waiter's wake-up latency from Waiter.stats "
                   "(ring -> running in C++; the upper bound of its power-of-two bucket)."),
+            key="periodic_split",
         ))
-    return "\n\n".join(parts)
+    return Report(parts)
 
 
 def _split_cell(ended: dict) -> str:
