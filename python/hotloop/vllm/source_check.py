@@ -1,0 +1,286 @@
+"""Does a vLLM release call only what hotloop.vllm provides? Read from its source, without running vLLM.
+
+Contract:
+
+- ``check(source)`` reads a vLLM source tree (an installed ``vllm`` package directory, or a vLLM wheel: the CUDA
+  build ``vllm`` can be checked on a machine without a GPU) and returns one :class:`Finding` per requirement
+  hotloop.vllm has of it; ``ok`` False means the plugin or the engine-core loop would break on that release
+  (the finding says where and why). Nothing of it is imported or executed: it is parsed (``ast``).
+- What it checks: every method of vLLM's ``MessageQueue`` that vLLM calls is on
+  :class:`hotloop.vllm.MessageQueue` and accepts the same arguments (by position and name), and what ours leaves
+  out is used nowhere outside vLLM's own queue module; the constructor and static calls made by name
+  (``MessageQueue(...)``, ``MessageQueue.create_from_process_group(...)``) pass only keywords ours takes; the
+  handle fields vLLM reads outside the queue module are fields ours has; the plugin loader reads the
+  ``vllm.general_plugins`` entry points; what ``engine_loop`` hooks (``FutureWrapper.result`` and its
+  ``get_response`` closure over ``response_mqs`` and ``deadline``, ``EngineCoreProc``'s ``input_queue``,
+  ``_process_engine_step``, ``_handle_client_request``) and what ``timeline`` stamps are there.
+- ``python -m hotloop.vllm.source_check [PATH_OR_WHEEL ...]`` prints the findings (default: the installed vLLM)
+  and exits 1 when one fails: run it on a new vLLM release before adding it to ``SUPPORTED_VLLM_VERSIONS``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import os
+import sys
+import zipfile
+from collections.abc import Iterator
+
+QUEUE_MODULE = "vllm/distributed/device_communicators/shm_broadcast.py"
+EXECUTOR_MODULE = "vllm/v1/executor/multiproc_executor.py"
+ENGINE_CORE_MODULE = "vllm/v1/engine/core.py"
+PLUGINS_MODULE = "vllm/plugins/__init__.py"
+
+# vLLM's queue methods hotloop's class leaves out on purpose: its writer and reader internals (hotloop's are C++).
+# The check fails if vLLM calls one of them outside its own queue module.
+NOT_PROVIDED = {
+    "acquire_write": "vLLM's writer internals (hotloop's writer is C++)",
+    "recv": "a static helper over vLLM's own ZeroMQ socket",
+}
+# The Handle fields hotloop's handle has (vLLM's executor reads these two of its own Handle's).
+HANDLE_FIELDS = ("local_reader_ranks", "remote_subscribe_addr")
+# What timeline.py wraps: (module, class, method).
+TIMELINE_HOOKS = (
+    ("vllm/v1/engine/core.py", "EngineCore", "preprocess_add_request"),
+    ("vllm/v1/engine/core.py", "EngineCore", "add_request"),
+    (EXECUTOR_MODULE, "MultiprocExecutor", "execute_model"),
+    (EXECUTOR_MODULE, "MultiprocExecutor", "sample_tokens"),
+    ("vllm/v1/core/sched/scheduler.py", "Scheduler", "update_from_output"),
+    ("vllm/v1/worker/worker_base.py", "WorkerWrapperBase", "execute_model"),
+)
+
+
+@dataclasses.dataclass
+class Finding:
+    what: str  # the requirement
+    ok: bool
+    detail: str = ""  # where, or why not
+
+    def __str__(self) -> str:
+        return f"{'ok  ' if self.ok else 'FAIL'} {self.what}{': ' + self.detail if self.detail else ''}"
+
+
+class VllmSource:
+    """The ``vllm/**.py`` files of an installed package directory (the one holding ``vllm/``, or ``vllm/``
+    itself) or of a wheel."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._files: dict[str, str] = {}
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as wheel:
+                for name in wheel.namelist():
+                    if name.startswith("vllm/") and name.endswith(".py"):
+                        self._files[name] = wheel.read(name).decode("utf-8", "replace")
+        else:
+            path = path.rstrip("/")
+            root = os.path.dirname(path) if os.path.basename(path) == "vllm" else path
+            for dirpath, _, names in os.walk(os.path.join(root, "vllm")):
+                for name in names:
+                    if name.endswith(".py"):
+                        full = os.path.join(dirpath, name)
+                        with open(full, encoding="utf-8", errors="replace") as f:
+                            self._files[os.path.relpath(full, root).replace(os.sep, "/")] = f.read()
+        if QUEUE_MODULE not in self._files:
+            raise ValueError(f"{path}: no {QUEUE_MODULE} there; give a vLLM wheel or the directory holding vllm/")
+        self._trees: dict[str, ast.Module] = {}
+
+    def files(self) -> Iterator[tuple[str, str]]:
+        return iter(sorted(self._files.items()))
+
+    def tree(self, rel: str) -> ast.Module | None:
+        if rel not in self._files:
+            return None
+        if rel not in self._trees:
+            self._trees[rel] = ast.parse(self._files[rel], rel)
+        return self._trees[rel]
+
+    def version(self) -> str:
+        for rel in ("vllm/_version.py", "vllm/version.py"):
+            for node in ast.walk(self.tree(rel) or ast.Module(body=[], type_ignores=[])):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and any(
+                        isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in node.targets):
+                    return str(node.value.value)
+        return "unknown"
+
+
+def _class(tree: ast.Module | None, name: str) -> ast.ClassDef | None:
+    for node in (tree.body if tree else ()):
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    return None
+
+
+def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _is_static(fn: ast.FunctionDef) -> bool:
+    return any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)
+
+
+def _vllm_params(fn: ast.FunctionDef) -> list[str]:
+    """vLLM's parameters in order, without self / cls."""
+    names = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+    return names if _is_static(fn) or not names else names[1:]
+
+
+def _accepts(ours, theirs: list[str], by_position: bool = True) -> str:
+    """'' when our callable takes each of vLLM's parameters by name (and, ``by_position``, at the same position);
+    else why not."""
+    try:
+        sig = inspect.signature(ours)
+    except (TypeError, ValueError) as e:
+        return f"its signature cannot be read ({e})"
+    params = [p for p in sig.parameters.values() if p.name not in ("self", "cls")]
+    if any(p.kind is p.VAR_POSITIONAL for p in params) and any(p.kind is p.VAR_KEYWORD for p in params):
+        return ""
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    for i, name in enumerate(theirs):
+        if by_position and i < len(positional) and positional[i] != name and name not in named:
+            return f"vLLM's parameter {i + 1} is {name!r}, ours is {positional[i]!r}"
+        if name not in named and not any(p.kind is p.VAR_KEYWORD for p in params):
+            return f"ours does not take {name!r} ({sig})"
+    return ""
+
+
+def _outside_uses(source: VllmSource, attr: str, skip: str = QUEUE_MODULE) -> list[str]:
+    """Files (other than ``skip``) that read ``.attr``."""
+    where = []
+    for rel, text in source.files():
+        if rel == skip or f".{attr}" not in text:
+            continue
+        tree = source.tree(rel)
+        if any(isinstance(n, ast.Attribute) and n.attr == attr for n in ast.walk(tree)):
+            where.append(rel)
+    return where
+
+
+def _queue_checks(source: VllmSource, ours) -> list[Finding]:
+    out = []
+    cls = _class(source.tree(QUEUE_MODULE), "MessageQueue")
+    if cls is None:
+        return [Finding("vLLM's MessageQueue class", False, f"not found in {QUEUE_MODULE}")]
+    for name, fn in _methods(cls).items():
+        if name.startswith("__") and name != "__init__":
+            continue
+        if name.startswith("_") and name != "__init__":
+            used = _outside_uses(source, name)
+            out.append(Finding(f"vLLM's private MessageQueue.{name} is used only by its own class", not used,
+                               f"also read in {', '.join(used)}" if used else ""))
+            continue
+        if name in NOT_PROVIDED:
+            used = [] if name == "recv" else _outside_uses(source, name)
+            out.append(Finding(f"MessageQueue.{name} left out ({NOT_PROVIDED[name]}) and not called outside the "
+                               "queue module", not used, f"called in {', '.join(used)}" if used else ""))
+            continue
+        mine = getattr(ours, name, None)
+        if mine is None:
+            out.append(Finding(f"MessageQueue.{name}", False, "vLLM's class has it, hotloop's does not"))
+            continue
+        why = _accepts(mine, _vllm_params(fn))
+        out.append(Finding(f"MessageQueue.{name}({', '.join(_vllm_params(fn))})", not why, why))
+    # calls by the class's name: its keywords must be ones ours takes
+    for rel, text in source.files():
+        if "MessageQueue" not in text or rel == QUEUE_MODULE:
+            continue
+        for node in ast.walk(source.tree(rel)):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Name) and f.id == "MessageQueue":
+                target, label = ours, "MessageQueue(...)"
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "MessageQueue":
+                target, label = getattr(ours, f.attr, None), f"MessageQueue.{f.attr}(...)"
+                if target is None:
+                    out.append(Finding(f"{label} in {rel}:{node.lineno}", False, "hotloop's class has no such call"))
+                    continue
+            else:
+                continue
+            keywords = [k.arg for k in node.keywords if k.arg]
+            why = _accepts(target, keywords, by_position=False) if keywords else ""
+            out.append(Finding(f"{label} in {rel}:{node.lineno} with keywords {keywords}", not why, why))
+    handle = _class(source.tree(QUEUE_MODULE), "Handle")
+    fields = [n.target.id for n in (handle.body if handle else ()) if isinstance(n, ast.AnnAssign)]
+    for field in fields:
+        used = _outside_uses(source, field)
+        if used:
+            out.append(Finding(f"Handle.{field} read outside the queue module is on hotloop's handle",
+                               field in HANDLE_FIELDS, f"read in {', '.join(used)}"))
+    return out
+
+
+def _has_method(source: VllmSource, rel: str, cls_name: str, method: str) -> Finding:
+    cls = _class(source.tree(rel), cls_name)
+    ok = cls is not None and method in _methods(cls)
+    return Finding(f"{cls_name}.{method} ({rel})", ok, "" if ok else "not there")
+
+
+def _loop_checks(source: VllmSource) -> list[Finding]:
+    out = [_has_method(source, EXECUTOR_MODULE, "FutureWrapper", "result")]
+    executor = _class(source.tree(EXECUTOR_MODULE), "MultiprocExecutor")
+    rpc = _methods(executor).get("collective_rpc") if executor else None
+    inner = next((n for n in ast.walk(rpc) if isinstance(n, ast.FunctionDef) and n.name == "get_response"), None) \
+        if rpc else None
+    names = {n.id for n in ast.walk(inner) if isinstance(n, ast.Name)} if inner else set()
+    missing = {"response_mqs", "deadline"} - names
+    out.append(Finding("collective_rpc's get_response closes over response_mqs and deadline (engine_loop reads "
+                       "them)", inner is not None and not missing,
+                       "no get_response in collective_rpc" if inner is None else
+                       (f"it does not read {sorted(missing)}" if missing else "")))
+    for method in ("_process_engine_step", "_handle_client_request", "__init__"):
+        out.append(_has_method(source, ENGINE_CORE_MODULE, "EngineCoreProc", method))
+    proc = _class(source.tree(ENGINE_CORE_MODULE), "EngineCoreProc")
+    init = _methods(proc).get("__init__") if proc else None
+    assigns = init is not None and any(
+        isinstance(n, (ast.Assign, ast.AnnAssign)) and any(
+            isinstance(t, ast.Attribute) and t.attr == "input_queue"
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
+        for n in ast.walk(init))
+    out.append(Finding("EngineCoreProc.__init__ assigns self.input_queue (engine_loop converts it on first read)",
+                       assigns, "" if assigns else "not assigned there"))
+    return out
+
+
+def check(path: str) -> tuple[str, list[Finding]]:
+    """vLLM's version at ``path`` and the findings (see the module's contract)."""
+    from hotloop.vllm.message_queue import MessageQueue
+
+    source = VllmSource(path)
+    findings = _queue_checks(source, MessageQueue)
+    plugins = source._files.get(PLUGINS_MODULE, "")
+    ok = "vllm.general_plugins" in plugins and "def load_general_plugins" in plugins
+    findings.append(Finding("the plugin loader reads the vllm.general_plugins entry points", ok,
+                            "" if ok else f"not in {PLUGINS_MODULE}"))
+    findings += _loop_checks(source)
+    findings += [_has_method(source, *hook) for hook in TIMELINE_HOOKS]
+    return source.version(), findings
+
+
+def _installed() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("vLLM is not installed here; give a vLLM wheel or source directory")
+    return os.path.dirname(list(spec.submodule_search_locations)[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    paths = (sys.argv[1:] if argv is None else argv) or [_installed()]
+    failed = 0
+    for path in paths:
+        version, findings = check(path)
+        bad = [f for f in findings if not f.ok]
+        failed += len(bad)
+        print(f"vLLM {version} ({path}): {len(findings) - len(bad)} of {len(findings)} requirements hold")
+        for f in findings:
+            print("  ", f)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

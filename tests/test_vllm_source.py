@@ -1,0 +1,161 @@
+"""hotloop.vllm.source_check: the calls a vLLM release makes, read from its source, against what hotloop.vllm
+provides. Runs on the installed vLLM and on the vLLM wheels in HOTLOOP_VLLM_WHEELS (CI downloads the CUDA build
+0.33.0 there: its engine cannot run without a GPU, its source can be read), and on a small synthetic source tree
+that each failure is put into, to show the check catches it."""
+
+import glob
+import os
+import textwrap
+
+import pytest
+
+from hotloop.vllm import is_supported, source_check
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WHEELS = os.environ.get("HOTLOOP_VLLM_WHEELS", os.path.join(ROOT, "build", "vllm-wheels"))
+
+
+def _failed(findings):
+    return [str(f) for f in findings if not f.ok]
+
+
+def test_installed_vllm_calls_only_what_hotloop_provides():
+    try:
+        path = source_check._installed()
+    except SystemExit:
+        pytest.skip("vLLM is not installed here")
+    version, findings = source_check.check(path)
+    assert is_supported(version), version
+    assert len(findings) > 30 and not _failed(findings)
+
+
+@pytest.mark.parametrize("wheel", sorted(glob.glob(os.path.join(WHEELS, "vllm-*.whl"))) or [None])
+def test_vllm_wheel_calls_only_what_hotloop_provides(wheel):
+    if wheel is None:
+        pytest.skip(f"no vLLM wheel in {WHEELS} (pip download --no-deps vllm==0.33.0 -d {WHEELS}; "
+                    "scripts/test.sh does)")
+    version, findings = source_check.check(wheel)
+    assert is_supported(version), f"{wheel} is vLLM {version}, not a supported release"
+    assert len(findings) > 30 and not _failed(findings)
+
+
+# A vLLM as small as the check's requirements: each test below breaks one thing in it.
+TREE = {
+    "vllm/_version.py": "__version__ = version = '0.33.0'\n",
+    "vllm/plugins/__init__.py": """
+        DEFAULT_PLUGINS_GROUP = "vllm.general_plugins"
+        def load_general_plugins(): pass
+    """,
+    "vllm/distributed/device_communicators/shm_broadcast.py": """
+        class Handle:
+            local_reader_ranks: list
+            buffer_handle: tuple
+            remote_subscribe_addr: str
+        class MessageQueue:
+            def __init__(self, n_reader, n_local_reader, local_reader_ranks=None, max_chunk_bytes=1,
+                         max_chunks=1, connect_ip=None): pass
+            def export_handle(self): pass
+            @staticmethod
+            def create_from_handle(handle, rank): pass
+            def enqueue(self, obj, timeout=None): pass
+            def dequeue(self, timeout=None, indefinite=False): pass
+            def acquire_write(self, timeout=None): pass
+            def _wait_until_readable(self, metadata_buffer, read_timeout): pass
+    """,
+    "vllm/v1/executor/multiproc_executor.py": """
+        from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+        class FutureWrapper:
+            def result(self, timeout=None): pass
+        class MultiprocExecutor:
+            def _init_executor(self):
+                self.rpc_broadcast_mq = MessageQueue(2, 2, max_chunk_bytes=10)
+                handle = self.rpc_broadcast_mq.export_handle()
+                ranks = handle.local_reader_ranks
+            def collective_rpc(self, method, timeout=None):
+                deadline = timeout
+                response_mqs = self.response_mqs
+                def get_response():
+                    return [mq.dequeue(timeout=deadline) for mq in response_mqs]
+                return FutureWrapper()
+            def execute_model(self, scheduler_output): pass
+            def sample_tokens(self, grammar_output): pass
+    """,
+    "vllm/v1/engine/core.py": """
+        import queue
+        class EngineCore:
+            def preprocess_add_request(self, request): pass
+            def add_request(self, request): pass
+        class EngineCoreProc(EngineCore):
+            def __init__(self):
+                self.input_queue = queue.Queue()
+            def _process_engine_step(self): pass
+            def _handle_client_request(self, request_type, request): pass
+    """,
+    "vllm/v1/core/sched/scheduler.py": "class Scheduler:\n    def update_from_output(self, a, b): pass\n",
+    "vllm/v1/worker/worker_base.py": "class WorkerWrapperBase:\n    def execute_model(self, s): pass\n",
+}
+
+
+def _tree(tmp_path, **changes):
+    """The synthetic vLLM with ``changes`` (module path -> (old, new) text replacements, or new files)."""
+    for rel, text in TREE.items():
+        text = textwrap.dedent(text)
+        for old, new in changes.pop(rel, ()):
+            assert old in text, (rel, old)
+            text = text.replace(old, new)
+        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    for rel, text in changes.items():  # new files
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(textwrap.dedent(text))
+    return str(tmp_path)
+
+
+EXECUTOR = "vllm/v1/executor/multiproc_executor.py"
+QUEUE = "vllm/distributed/device_communicators/shm_broadcast.py"
+
+
+@pytest.mark.parametrize("changes, failure", [
+    ({}, None),
+    ({QUEUE: [("def dequeue(self, timeout=None, indefinite=False)",
+               "def dequeue(self, timeout=None, indefinite=False, cancel=None)")]},
+     "MessageQueue.dequeue(timeout, indefinite, cancel): ours does not take 'cancel'"),
+    ({QUEUE: [("def export_handle(self): pass", "def export_handle(self): pass\n    def drain(self): pass")]},
+     "MessageQueue.drain: vLLM's class has it, hotloop's does not"),
+    ({EXECUTOR: [("MessageQueue(2, 2, max_chunk_bytes=10)", "MessageQueue(2, 2, max_chunk_bytes=10, numa=1)")]},
+     "with keywords ['max_chunk_bytes', 'numa']: ours does not take 'numa'"),
+    ({EXECUTOR: [("ranks = handle.local_reader_ranks", "ranks = handle.buffer_handle")]},
+     "Handle.buffer_handle read outside the queue module is on hotloop's handle"),
+    ({"vllm/v1/worker/poll.py": "def f(mq, m, t):\n    return mq._wait_until_readable(m, t)\n"},
+     "_wait_until_readable is used only by its own class: also read in vllm/v1/worker/poll.py"),
+    ({"vllm/v1/worker/write.py": "def f(mq):\n    return mq.acquire_write()\n"},
+     "acquire_write left out"),
+    ({EXECUTOR: [("return [mq.dequeue(timeout=deadline) for mq in response_mqs]",
+                  "return [mq.dequeue() for mq in response_mqs]")]},
+     "it does not read ['deadline']"),
+    ({"vllm/v1/engine/core.py": [("self.input_queue = queue.Queue()", "self.inputs = queue.Queue()")]},
+     "EngineCoreProc.__init__ assigns self.input_queue"),
+    ({"vllm/v1/engine/core.py": [("def _process_engine_step(self)", "def _process_step(self)")]},
+     "EngineCoreProc._process_engine_step"),
+    ({"vllm/plugins/__init__.py": [('"vllm.general_plugins"', '"vllm.plugins"')]}, "vllm.general_plugins"),
+    ({EXECUTOR: [("def sample_tokens", "def sample")]}, "MultiprocExecutor.sample_tokens"),
+])
+def test_the_check_catches_what_would_break_hotloop(tmp_path, changes, failure):
+    version, findings = source_check.check(_tree(tmp_path, **changes))
+    assert version == "0.33.0"
+    failed = _failed(findings)
+    if failure is None:
+        assert not failed
+    else:
+        assert len(failed) == 1 and failure in failed[0], failed
+
+
+def test_command_line_exit_status(tmp_path, capsys):
+    assert source_check.main([_tree(tmp_path)]) == 0
+    assert "vLLM 0.33.0" in capsys.readouterr().out
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    assert source_check.main([_tree(bad, **{EXECUTOR: [("def sample_tokens", "def sample")]})]) == 1
+    assert "FAIL MultiprocExecutor.sample_tokens" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="no vllm/distributed/device_communicators/shm_broadcast.py"):
+        source_check.check(str(tmp_path / "bad" / "vllm" / "v1"))
