@@ -5,9 +5,15 @@
 #   2. `hotloop bench notifier`: kernel end -> waiter back in Python and CPU while waiting, each mechanism next to
 #      torch.cuda.Event.synchronize() and a Python event.query() spin;
 #   3. `hotloop bench engine` with device="cuda": block / poll / hotloop, in-process and multiproc, model "small":
-#      throughput, TTFT / ITL, queue wait, CPU per token and idle CPU.
+#      throughput, TTFT / ITL, queue wait, CPU per token and idle CPU;
+#   4. where vLLM's CUDA build is installed (0.30-0.33; `pip install vllm==0.33.0` before, this machine may have
+#      no network): hotloop.vllm.source_check on it, then the tiny Llama at TP=1 on vLLM's own queue, on
+#      hotloop's and with hotloop's engine-core loop (greedy tokens must be equal), then `hotloop bench vllm`'s
+#      short run at TP=1 (the step on the GPU: the engine core's CPU is free while it runs). Skipped, saying so,
+#      without vLLM.
 # Prints everything; writes build/gpu-check/* (tests-*.txt, notifier.json, bench.txt, engine.json, engine.txt,
-# engine.png). Exits 2 at once with no usable GPU, 1 if a test failed.
+# engine.png, vllm-source.txt, vllm-tokens.txt, vllm.json, vllm.txt, vllm.png). Exits 2 at once with no usable
+# GPU, 1 if a test failed.
 #
 # Needs: an NVIDIA driver, torch with CUDA, hotloop installed (or buildable here), pytest. Without network access,
 # build the wheel elsewhere and set HOTLOOP_WHEEL=path/to/hotloop-*.whl (pyzmq and msgspec must be installed).
@@ -62,4 +68,37 @@ timeout 240 hotloop bench notifier --json "$out/notifier.json" 2>&1 | tee "$out/
 echo "== hotloop bench engine, device=cuda"
 HOTLOOP_BENCH_DEVICE=cuda timeout 600 hotloop bench engine --plot "$out/engine.png" --json "$out/engine.json" 2>&1 \
   | tee "$out/engine.txt"
+
+echo "== vLLM on hotloop, on the GPU"
+if ! python3 -c "import vllm" >/dev/null 2>&1; then
+  echo "(skipped: vLLM does not import here; pip install vllm==0.33.0, or another release 0.30-0.33, to run it)"
+  exit $status
+fi
+python3 -m hotloop.vllm.source_check 2>&1 | tee "$out/vllm-source.txt" | head -1
+[ "${PIPESTATUS[0]}" -eq 0 ] || { status=1; grep FAIL "$out/vllm-source.txt"; }
+# greedy tokens of the three arms at TP=1 (the Driver of `hotloop bench vllm`: a tiny Llama, one process per arm)
+timeout 600 python3 - <<'PY' 2>&1 | tee "$out/vllm-tokens.txt" | tail -6
+import sys
+from hotloop.bench.vllm_bench import Driver
+from hotloop.vllm import tiny_model, vllm_version
+
+if __name__ == "__main__":
+    model, tokens = tiny_model.build(0), {}
+    for arm in ("vllm", "hotloop", "hotloop+loop"):
+        d = Driver(1, arm, model)
+        try:
+            out = d.generate(4, max_tokens=32)
+            tokens[arm] = out.get("token_ids") or out
+            print(f"vLLM {vllm_version()} {arm}: queue {d.queue_class}, {out.get('wall_s', 0):.3f} s, "
+                  f"error {out.get('error')}")
+        finally:
+            left = d.close()
+            print(f"  left behind: {left or 'nothing'}")
+    same = tokens["vllm"] == tokens["hotloop"] == tokens["hotloop+loop"]
+    print("greedy tokens equal in the three arms" if same else f"TOKENS DIFFER: {tokens}")
+    sys.exit(0 if same else 1)
+PY
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+timeout 900 python3 -m hotloop.bench.vllm_bench --quick --tp-sizes 1 --json "$out/vllm.json" --plot "$out/vllm.png" \
+  2>&1 | tee "$out/vllm.txt" | tail -40
 exit $status

