@@ -21,7 +21,7 @@ step() { echo "== $* (at ${SECONDS} s)"; }
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 missing=()
-for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev spin chromium; do
+for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev spin chromium iproute2 nftables; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 # cmake and ninja may come from pip instead of Debian: only install what is absent altogether

@@ -36,12 +36,16 @@ Contract:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
 import select
 import socket
+import sys
 import threading
 import time
+import weakref
 
 import zmq
 import zmq.auth.thread
@@ -59,6 +63,7 @@ KIND_SHUTDOWN = b"S"
 PEER_CHECK_EVERY = 64
 PEER_CHECK_INTERVAL = 0.002  # seconds
 WRITER_LINGER_S = 1.0  # how long a closed writer's socket still sends what it had queued
+PEER_TIMEOUT_S = 3  # an unreachable peer's connection is given up after this long (HOTLOOP_PEER_TIMEOUT_S)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 ZAP_DOMAIN = "hotloop"
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -91,16 +96,41 @@ def default_connect_ip() -> str:
         return "127.0.0.1"
 
 
-def _keepalive(sock: zmq.Socket) -> None:
-    """Find a peer whose node vanished (no FIN or RST) within about 3 s, with the kernel's TCP keepalive.
+def peer_timeout_s() -> int:
+    """How long a remote peer may be unreachable before its connection is given up (whole seconds, >= 2):
+    ``HOTLOOP_PEER_TIMEOUT_S``, default ``PEER_TIMEOUT_S``."""
+    raw = os.environ.get("HOTLOOP_PEER_TIMEOUT_S", "")
+    try:
+        value = int(raw) if raw else PEER_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"HOTLOOP_PEER_TIMEOUT_S={raw!r}: give whole seconds, at least 2") from None
+    if value < 2:
+        raise ValueError(f"HOTLOOP_PEER_TIMEOUT_S={raw!r}: give whole seconds, at least 2")
+    return value
 
-    Not ZMTP heartbeats: those travel in-band, so a reader that is busy (its receive buffer full, ZeroMQ no
-    longer reading the socket) misses them and would be disconnected for being slow. A peer whose process
-    dies is seen at once either way: its kernel closes the connection."""
+
+def _keepalive(sock: zmq.Socket) -> None:
+    """Give up a connection whose peer's node vanished (no FIN or RST: power lost, a partition) within
+    ``peer_timeout_s()``, by the kernel's TCP timers, on both ends:
+
+    - an idle connection (a reader waiting for the next message): keepalive probes every second after one idle
+      second, the connection dropped after ``timeout - 1`` unanswered ones;
+    - a connection with data in flight (the writer sending to a partitioned reader; keepalive never probes
+      then): ``TCP_USER_TIMEOUT`` (ZeroMQ's ``TCP_MAXRT``), the connection dropped once sent data stays
+      unacknowledged that long. Without it the writer's kernel retransmits for about 15 minutes, its writes
+      succeed into the send buffer all that time, and closing the queue (ZeroMQ's context termination) waits
+      for that connection.
+
+    A slow reader is not a dead one: its kernel acknowledges the writer's zero-window probes. Not ZMTP
+    heartbeats: those travel in-band, so a reader that is busy (its receive buffer full, ZeroMQ no longer
+    reading the socket) misses them and would be disconnected for being slow. A peer whose process dies is seen
+    at once either way: its kernel closes the connection."""
+    timeout = peer_timeout_s()
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
     sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 1)
     sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 1)
-    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 2)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, timeout - 1)
+    sock.setsockopt(zmq.TCP_MAXRT, timeout * 1000)
 
 
 class _ZapHandler(zmq.auth.thread.ThreadAuthenticator):
@@ -169,6 +199,11 @@ class _ProcessZmq:
                 return
             if _ProcessZmq._current is self:
                 _ProcessZmq._current = None  # a queue opened from now on gets a new context
+        if sys.is_finalizing():
+            # The interpreter is past its exit handlers: its daemon threads (the ZAP handler's) were stopped
+            # where they stood and never close their sockets, so term() would wait forever. The process is
+            # ending; its kernel closes every connection. (Ends open at exit are closed before: _close_at_exit.)
+            return
         # Outside the lock: term() waits for the sockets' linger, and other threads may open queues meanwhile.
         if self.zap is not None:
             self.zap.stop()
@@ -207,6 +242,19 @@ class _ProcessZmq:
 
 os.register_at_fork(after_in_child=_ProcessZmq._after_fork_in_child)
 
+_OPEN_ENDS: weakref.WeakSet = weakref.WeakSet()  # this process's remote queue ends not closed yet
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close the remote queue ends still open when the interpreter exits (a queue in a module global, say), while
+    the process's threads still run: a writer's last messages go out and its shutdown reaches its readers. Left
+    to the garbage collector at interpreter teardown, the ZeroMQ context could not be terminated (see
+    _ProcessZmq.release) and the process hung there."""
+    for end in list(_OPEN_ENDS):
+        with contextlib.suppress(Exception):
+            end.close()
+
 
 class RemotePublisher:
     def __init__(self, queue_name: str, ranks: range, connect_ip: str | None = None, bind_ip: str | None = None,
@@ -223,6 +271,7 @@ class RemotePublisher:
         except BaseException:  # a writer that cannot start leaves no sockets or ZAP domain behind
             self._release()
             raise
+        _OPEN_ENDS.add(self)
         self.attached: set[int] = set()
         self._subscribers: dict[int, int] = {}  # rank -> readers subscribed as that rank
         self.dead: list[int] = []  # ranks that left, not yet reported
@@ -447,6 +496,7 @@ class RemoteSubscriber:
         except BaseException:  # a reader that cannot start leaves no sockets, descriptors or threads behind
             self._release()
             raise
+        _OPEN_ENDS.add(self)
         self._cancelled = False  # set by cancel_waits()/close() from any thread (which also write _cancel_fd)
         self._lock = threading.Lock()  # ZeroMQ sockets are single-threaded: close() waits for a drain in progress
         self._pending: bytearray | None = None  # a received message not yet handed out

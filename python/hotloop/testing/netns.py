@@ -1,14 +1,21 @@
-"""A child process in a network namespace that has only loopback, for tools that bind the machine's interface
-address themselves (Ray): inside it every socket is on 127.0.0.1 and nothing can leave the machine.
+"""Network namespaces for tests: a loopback-only child, and simulated nodes joined by links that can be cut.
 
-``unavailable()`` says why such a child cannot be started here (None when it can: root and ``unshare``);
-``start(argv, **popen_kwargs)`` starts ``argv`` under ``unshare --net``; the child calls ``loopback_up()`` first
-(the new namespace's ``lo`` is down), before it opens any socket.
+- A child process in a network namespace that has only loopback, for tools that bind the machine's interface
+  address themselves (Ray): inside it every socket is on 127.0.0.1 and nothing can leave the machine.
+  ``unavailable()`` says why such a child cannot be started here (None when it can: root and ``unshare``);
+  ``start(argv, **popen_kwargs)`` starts ``argv`` under ``unshare --net``; the child calls ``loopback_up()``
+  first (the new namespace's ``lo`` is down), before it opens any socket.
+- :class:`Nodes`: named network namespaces ("nodes"), each joined to the first by its own veth pair with an
+  address in 10.<n>.0.0/24, so the only traffic between them crosses links the test owns. ``cut(node)`` drops
+  every packet in and out of a node (an nftables drop-all table: a partition, no process is told), ``heal(node)``
+  removes it; ``popen(node, argv)`` starts a process on a node. ``Nodes.unavailable()`` says why they cannot be
+  made here (root, iproute2's ``ip``, Debian's ``nftables``). Everything is removed on ``close()``.
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import shutil
 import socket
@@ -42,3 +49,89 @@ def loopback_up() -> None:
 
 def interfaces() -> list[str]:
     return [name for _, name in socket.if_nameindex()]
+
+
+_CUT = """table inet hotloop_cut {
+  chain in { type filter hook input priority -100; policy drop; }
+  chain out { type filter hook output priority -100; policy drop; }
+}
+"""
+_NODE_SETS = itertools.count()
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+class Nodes:
+    """Simulated nodes: ``Nodes(["writer", "reader0", ...])``; ``addr[name]`` is each node's address (the first
+    node's is the hub of a star of veth links). Use as a context manager."""
+
+    @staticmethod
+    def unavailable() -> str | None:
+        if os.geteuid() != 0:
+            return "simulated nodes need root (network namespaces, veth pairs, nftables)"
+        missing = [tool for tool in ("ip", "nft") if not shutil.which(tool)]
+        if missing:
+            return f"simulated nodes need {' and '.join(missing)} (Debian: iproute2, nftables)"
+        return None
+
+    def __init__(self, names: list[str]):
+        why = self.unavailable()
+        if why:
+            raise RuntimeError(why)
+        self.tag = f"hl{os.getpid()}x{next(_NODE_SETS)}"
+        self.ns = {name: f"{self.tag}-{i}" for i, name in enumerate(names)}
+        self.addr: dict[str, str] = {}
+        self._procs: list[subprocess.Popen] = []
+        self.on_close: list = []  # called after the processes ended, before the namespaces go
+        subnet = 10 + os.getpid() % 200  # one /16 per test process, one /24 per link
+        try:
+            for ns in self.ns.values():
+                _ip("netns", "add", ns)
+                _ip("-n", ns, "link", "set", "lo", "up")
+            hub_name, hub = names[0], self.ns[names[0]]
+            for i, name in enumerate(names[1:], start=1):
+                a, b = f"h{i}", f"n{i}"  # the hub's end, the node's end
+                _ip("link", "add", a, "netns", hub, "type", "veth", "peer", "name", b, "netns", self.ns[name])
+                _ip("-n", hub, "addr", "add", f"10.{subnet}.{i}.1/24", "dev", a)
+                _ip("-n", self.ns[name], "addr", "add", f"10.{subnet}.{i}.2/24", "dev", b)
+                _ip("-n", hub, "link", "set", a, "up")
+                _ip("-n", self.ns[name], "link", "set", b, "up")
+                _ip("-n", self.ns[name], "route", "add", "default", "via", f"10.{subnet}.{i}.1")
+                self.addr[name] = f"10.{subnet}.{i}.2"
+            # the hub's address on the first link (a node on another link reaches it through its default route)
+            self.addr[hub_name] = f"10.{subnet}.1.1" if len(names) > 1 else "127.0.0.1"
+        except BaseException:
+            self.close()
+            raise
+
+    def popen(self, node: str, argv: list[str], **kwargs) -> subprocess.Popen:
+        proc = subprocess.Popen(["ip", "netns", "exec", self.ns[node], *argv], **kwargs)
+        self._procs.append(proc)
+        return proc
+
+    def cut(self, node: str) -> None:
+        """Drop every packet in and out of ``node`` from now on (its processes keep running)."""
+        subprocess.run(["ip", "netns", "exec", self.ns[node], "nft", "-f", "-"], input=_CUT, text=True, check=True,
+                       capture_output=True)
+
+    def heal(self, node: str) -> None:
+        subprocess.run(["ip", "netns", "exec", self.ns[node], "nft", "delete", "table", "inet", "hotloop_cut"],
+                       check=True, capture_output=True)
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for hook in self.on_close:
+            hook()
+        for ns in self.ns.values():
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)  # its veth ends go with it
+
+    def __enter__(self) -> "Nodes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

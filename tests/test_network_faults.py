@@ -1,0 +1,139 @@
+"""Remote readers across a network that fails without any process dying: the writer and each reader on a node of
+its own (network namespaces joined by veth links, hotloop.testing.netns.Nodes), a node cut off by an nftables
+drop-all rule (a partition: no FIN, no RST), and put back.
+
+The bound is hotloop's: a peer unreachable for HOTLOOP_PEER_TIMEOUT_S (default 3 s) loses its connection, by TCP
+keepalive on an idle connection and TCP_USER_TIMEOUT on one with data in flight (remote_queue._keepalive). The
+tests allow BOUND_S for it on a loaded 2-core machine; `hotloop soak --network` and docs/multi-node.md give the
+measured figures."""
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hotloop.testing.netns import Nodes
+
+pytestmark = pytest.mark.skipif(Nodes.unavailable() is not None, reason=str(Nodes.unavailable()))
+
+NODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "net_fault_node.py")
+BOUND_S = 8.0  # default peer timeout 3 s, plus detection slack on a loaded machine
+
+
+class Proc:
+    """A node's process and the JSON lines it prints."""
+
+    def __init__(self, nodes: Nodes, node: str, *args):
+        self.proc = nodes.popen(node, [sys.executable, NODE, *map(str, args)], stdout=subprocess.PIPE,
+                                text=True)
+        self.lines: queue.Queue = queue.Queue()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
+        nodes.on_close.append(self.close)
+
+    def close(self):
+        """After the node's process ended (Nodes.close kills what is left): its output read, the pipe closed."""
+        self._pump_thread.join(10)
+        self.proc.stdout.close()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def next(self, key: str, timeout: float = 60.0) -> dict:
+        """The next line that has ``key`` (others before it are skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            assert msg is not None, f"the process ended (exit {self.proc.wait()}) before printing {key!r}"
+            if key in msg:
+                return msg
+
+
+def _start(nodes, tmp_path, readers, dead_reader, rate=200, seconds=30, ending="close"):
+    handle = str(tmp_path / "handle")
+    writer = Proc(nodes, "writer", "writer", handle, len(readers), nodes.addr["writer"], dead_reader, rate, seconds,
+                  ending)
+    procs = {name: Proc(nodes, name, "reader", handle, rank) for rank, name in enumerate(readers)}
+    writer.next("ready")
+    for p in procs.values():
+        p.next("attached")
+    return writer, procs
+
+
+def _in_order_once(got: list[int]) -> bool:
+    return got == list(range(len(got)))
+
+
+@pytest.fixture
+def nodes():
+    with Nodes(["writer", "r0", "r1"]) as n:
+        yield n
+
+
+def test_a_partitioned_reader_node_fails_the_writer_naming_its_rank_and_nothing_hangs(nodes, tmp_path):
+    writer, readers = _start(nodes, tmp_path, ["r0", "r1"], "raise")
+    time.sleep(0.5)
+    t_cut = time.monotonic()
+    nodes.cut("r0")
+    err = writer.next("error")
+    assert "DeadPeerError" in err["error"] and "rank 0" in err["error"], err
+    assert err["t"] - t_cut < BOUND_S, f"the writer saw the partition after {err['t'] - t_cut:.1f} s"
+    end0 = readers["r0"].next("end")
+    assert end0["error"].startswith("DeadPeerError"), end0
+    assert end0["t"] - t_cut < BOUND_S, f"the cut-off reader saw it after {end0['t'] - t_cut:.1f} s"
+    assert _in_order_once(end0["got"])
+    # the writer closes at once and its process ends (ZeroMQ's context does not wait for the lost connection)
+    closed = writer.next("closed_in")
+    assert closed["closed_in"] < 3.0, closed
+    assert writer.proc.wait(timeout=10) == 0
+    # the reader on the healthy link got every message sent, once, in order, then the writer's shutdown
+    end1 = readers["r1"].next("end")
+    assert end1["error"].startswith("ClosedError"), end1
+    assert _in_order_once(end1["got"]) and len(end1["got"]) in (err["sent"], err["sent"] + 1), \
+        (len(end1["got"]), err["sent"])
+
+
+def test_drop_goes_on_for_the_others_and_a_link_back_within_the_bound_loses_nothing(nodes, tmp_path):
+    writer, readers = _start(nodes, tmp_path, ["r0", "r1"], "drop", seconds=10)
+    time.sleep(0.5)
+    nodes.cut("r1")  # a short partition, healed within the bound: nothing lost or duplicated
+    time.sleep(1.0)
+    nodes.heal("r1")
+    time.sleep(0.5)
+    t_cut = time.monotonic()
+    nodes.cut("r0")  # for good: rank 0 is dropped, the writer goes on for rank 1
+    end0 = readers["r0"].next("end")
+    assert end0["error"].startswith("DeadPeerError") and end0["t"] - t_cut < BOUND_S, end0
+    closed = writer.next("closed_in")
+    assert "error" not in closed and closed["closed_in"] < 3.0, closed
+    assert writer.proc.wait(timeout=10) == 0
+    end1 = readers["r1"].next("end")
+    assert end1["error"].startswith("ClosedError"), end1
+    assert end1["got"] == list(range(closed["sent"])), (len(end1["got"]), closed["sent"])
+    assert _in_order_once(end0["got"])
+
+
+def test_a_partitioned_writer_node_fails_every_reader_and_its_process_still_exits(nodes, tmp_path):
+    # the writer leaves its queue open in a module global and exits: the queue is closed at exit, and the
+    # process ends (it once hung for good in ZeroMQ's context termination at interpreter teardown)
+    writer, readers = _start(nodes, tmp_path, ["r0", "r1"], "raise", ending="exit")
+    time.sleep(0.5)
+    t_cut = time.monotonic()
+    nodes.cut("writer")
+    for name, p in readers.items():
+        end = p.next("end")
+        assert end["error"].startswith("DeadPeerError"), (name, end)
+        assert end["t"] - t_cut < BOUND_S, f"{name} saw the partition after {end['t'] - t_cut:.1f} s"
+        assert _in_order_once(end["got"])
+    err = writer.next("error")
+    assert "DeadPeerError" in err["error"] and err["t"] - t_cut < BOUND_S, err
+    exiting = writer.next("exiting")
+    assert writer.proc.wait(timeout=10) == 0
+    assert time.monotonic() - exiting["exiting"] < 10
