@@ -89,6 +89,8 @@ def test_a_partitioned_reader_node_fails_the_writer_naming_its_rank_and_nothing_
     assert end0["error"].startswith("DeadPeerError"), end0
     assert end0["t"] - t_cut < BOUND_S, f"the cut-off reader saw it after {end0['t'] - t_cut:.1f} s"
     assert _in_order_once(end0["got"])
+    print(f"reader node cut: writer's DeadPeerError after {err['t'] - t_cut:.2f} s, the reader's after "
+          f"{end0['t'] - t_cut:.2f} s")
     # the writer closes at once and its process ends (ZeroMQ's context does not wait for the lost connection)
     closed = writer.next("closed_in")
     assert closed["closed_in"] < 3.0, closed
@@ -111,6 +113,7 @@ def test_drop_goes_on_for_the_others_and_a_link_back_within_the_bound_loses_noth
     nodes.cut("r0")  # for good: rank 0 is dropped, the writer goes on for rank 1
     end0 = readers["r0"].next("end")
     assert end0["error"].startswith("DeadPeerError") and end0["t"] - t_cut < BOUND_S, end0
+    print(f"reader node cut (drop): the reader's DeadPeerError after {end0['t'] - t_cut:.2f} s")
     closed = writer.next("closed_in")
     assert "error" not in closed and closed["closed_in"] < 3.0, closed
     assert writer.proc.wait(timeout=10) == 0
@@ -132,6 +135,7 @@ def test_a_partitioned_writer_node_fails_every_reader_and_its_process_still_exit
         assert end["error"].startswith("DeadPeerError"), (name, end)
         assert end["t"] - t_cut < BOUND_S, f"{name} saw the partition after {end['t'] - t_cut:.1f} s"
         assert _in_order_once(end["got"])
+        print(f"writer node cut: {name}'s DeadPeerError after {end['t'] - t_cut:.2f} s")
     err = writer.next("error")
     assert "DeadPeerError" in err["error"] and err["t"] - t_cut < BOUND_S, err
     exiting = writer.next("exiting")
