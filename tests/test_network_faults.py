@@ -56,10 +56,11 @@ class Proc:
                 return msg
 
 
-def _start(nodes, tmp_path, readers, dead_reader, rate=200, seconds=30, ending="close"):
+def _start(nodes, tmp_path, readers, dead_reader, rate=200, seconds=30, **more):
     handle = str(tmp_path / "handle")
-    writer = Proc(nodes, "writer", "writer", handle, len(readers), nodes.addr["writer"], dead_reader, rate, seconds,
-                  ending)
+    config = dict(handle=handle, n_reader=len(readers), address=nodes.addr["writer"], dead_reader=dead_reader,
+                  rate=rate, seconds=seconds, **more)
+    writer = Proc(nodes, "writer", "writer", json.dumps(config))
     procs = {name: Proc(nodes, name, "reader", handle, rank) for rank, name in enumerate(readers)}
     writer.next("ready")
     for p in procs.values():
@@ -141,3 +142,22 @@ def test_a_partitioned_writer_node_fails_every_reader_and_its_process_still_exit
     exiting = writer.next("exiting")
     assert writer.proc.wait(timeout=10) == 0
     assert time.monotonic() - exiting["exiting"] < 10
+
+
+MESSAGES = int(os.environ.get("HOTLOOP_NET_FAULT_MESSAGES", "3000"))  # per case (hotloop soak --network: more)
+
+
+@pytest.mark.parametrize("fault", ["delay 20 ms +- 5 ms", "2 % loss"])
+def test_delay_and_loss_lose_duplicate_and_reorder_nothing(nodes, tmp_path, fault):
+    more = dict(delay_ms=20, jitter_ms=5) if fault.startswith("delay") else {}
+    if fault.endswith("loss"):
+        for node in ("r0", "r1"):
+            nodes.lose(node, 2)
+    writer, readers = _start(nodes, tmp_path, ["r0", "r1"], "raise", rate=0, count=MESSAGES, **more)
+    closed = writer.next("closed_in", timeout=120)
+    assert closed["sent"] == MESSAGES and closed["closed_in"] < 3.0, closed
+    for name, p in readers.items():
+        end = p.next("end", timeout=120)
+        assert end["error"].startswith("ClosedError"), (name, end)
+        assert end["got"] == list(range(MESSAGES)), (name, len(end["got"]))
+    assert writer.proc.wait(timeout=10) == 0

@@ -7,8 +7,8 @@
   first (the new namespace's ``lo`` is down), before it opens any socket.
 - :class:`Nodes`: named network namespaces ("nodes"), each joined to the first by its own veth pair with an
   address in 10.<n>.0.0/24, so the only traffic between them crosses links the test owns. ``cut(node)`` drops
-  every packet in and out of a node (an nftables drop-all table: a partition, no process is told), ``heal(node)``
-  removes it; ``popen(node, argv)`` starts a process on a node. ``Nodes.unavailable()`` says why they cannot be
+  every packet in and out of a node (an nftables drop-all table: a partition, no process is told),
+  ``lose(node, percent)`` drops that share of them at random, ``heal(node)`` removes either; ``popen(node, argv)`` starts a process on a node. ``Nodes.unavailable()`` says why they cannot be
   made here (root, iproute2's ``ip``, Debian's ``nftables``). Everything is removed on ``close()``.
 """
 
@@ -114,6 +114,15 @@ class Nodes:
     def cut(self, node: str) -> None:
         """Drop every packet in and out of ``node`` from now on (its processes keep running)."""
         subprocess.run(["ip", "netns", "exec", self.ns[node], "nft", "-f", "-"], input=_CUT, text=True, check=True,
+                       capture_output=True)
+
+    def lose(self, node: str, percent: int) -> None:
+        """Drop ``percent`` % of the packets in and out of ``node``, at random (until ``heal``)."""
+        rule = f"numgen random mod 100 < {int(percent)} drop"
+        table = ("table inet hotloop_cut {\n"
+                 f"  chain in {{ type filter hook input priority -100; policy accept; {rule}; }}\n"
+                 f"  chain out {{ type filter hook output priority -100; policy accept; {rule}; }}\n}}\n")
+        subprocess.run(["ip", "netns", "exec", self.ns[node], "nft", "-f", "-"], input=table, text=True, check=True,
                        capture_output=True)
 
     def heal(self, node: str) -> None:
