@@ -37,6 +37,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+import itertools
 import os
 import select
 import socket
@@ -89,6 +90,17 @@ def default_connect_ip() -> str:
             return s.getsockname()[0]
     except OSError:
         return "127.0.0.1"
+
+
+_MONITOR_IDS = itertools.count()
+
+
+def _monitor(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """`sock`'s connection monitor, on an inproc endpoint of its own. Not pyzmq's default endpoint, named after the
+    socket's descriptor: a socket closed a moment ago keeps its endpoint until ZeroMQ has reaped it (a writer's
+    lingers while it sends what is queued), and a new socket given the same descriptor number then failed to
+    monitor with "Address already in use"."""
+    return sock.get_monitor_socket(events, addr=f"inproc://hotloop-monitor-{os.getpid()}-{next(_MONITOR_IDS)}")
 
 
 def _keepalive(sock: zmq.Socket) -> None:
@@ -247,7 +259,7 @@ class RemotePublisher:
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, int(WRITER_LINGER_S * 1000))
         _keepalive(self._sock)
-        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED)
+        self._monitor = _monitor(self._sock, _HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED)
         connect_ip = connect_ip or default_connect_ip()
         port = self._sock.bind_to_random_port(f"tcp://{bind_ip or connect_ip}")
         self.address = f"tcp://{connect_ip}:{port}"
@@ -462,7 +474,7 @@ class RemoteSubscriber:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         _keepalive(self._sock)
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._monitor = _monitor(self._sock, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.setsockopt(zmq.SUBSCRIBE, _rank_topic(rank))
         self._sock.connect(address)
