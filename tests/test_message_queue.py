@@ -17,6 +17,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from conftest import require_torch
 
 import hotloop
 from hotloop import ClosedError, DeadPeerError, MessageQueue, WaitPolicy, serialization
@@ -107,7 +108,7 @@ def _tensors():
 
 
 def test_tensors_and_arrays_round_trip_and_do_not_alias_the_ring():
-    torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs torch==2.13.0)")
+    torch = require_torch()
     with MessageQueue(1, max_chunk_bytes=CHUNK) as q:
         r = MessageQueue.create_from_handle(q.export_handle(), 0)
         sent = _tensors()

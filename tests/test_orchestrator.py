@@ -6,8 +6,9 @@ import signal
 import time
 
 import pytest
+from conftest import require_torch
 
-pytest.importorskip("torch")
+require_torch()
 
 from hotloop.engine.scheduler import RequestError  # noqa: E402
 from hotloop.orchestrator import Orchestrator, Replica, ReplicaDeadError, StageSpec  # noqa: E402
