@@ -4,9 +4,10 @@
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer;
 #   3. the Python package (pip install ".[test,vllm]": with vLLM's CPU build, so the vLLM engine tests run) and its
 #      pytest suite, in build/venv unless a virtual environment is active already;
-#   4. a smoke run of `hotloop bench` (short runs, the default).
+#   4. the torch-free part of the pytest suite under Python 3.10, 3.12 and 3.13 (scripts/test_pythons.sh);
+#   5. a smoke run of `hotloop bench` (short runs, the default).
 # Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs); HOTLOOP_SKIP_VLLM=1 leaves vLLM out
-# of step 3 (tests/test_vllm_plugin.py then skips).
+# of step 3 (tests/test_vllm_plugin.py then skips); HOTLOOP_SKIP_PYTHONS=1 skips step 4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -15,7 +16,7 @@ jobs=$(nproc)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 missing=()
-for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev spin; do
+for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev spin ccache; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 # cmake and ninja may come from pip instead of Debian: only install what is absent altogether
@@ -27,6 +28,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# Every build goes through the compiler cache: the core (no Python in it) compiles once for the release C++ suite
+# and the package's builds for each Python.
+export CMAKE_CXX_COMPILER_LAUNCHER=ccache CCACHE_DIR="$root/build/ccache" CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 
 cpp_suite() {  # name, extra cmake args...
   local name=$1; shift
@@ -69,7 +74,13 @@ else
 fi
 # the NVTX injection recorder built by the C++ suite (absent when the NVTX3 headers are)
 export HOTLOOP_NVTX_RECORDER="$root/build/cpp-release/tests/cpp/libhotloop_nvtx_recorder.so"
-(cd "$root/tests" && python3 -m pytest -q -rs "$root/tests")
+# torch is installed above: a test that needs it fails here instead of skipping (tests/conftest.py, require_torch)
+(cd "$root/tests" && HOTLOOP_TEST_REQUIRE_TORCH=1 python3 -m pytest -q -rs "$root/tests")
+
+if [ "${HOTLOOP_SKIP_PYTHONS:-0}" != 1 ]; then
+  echo "== Python 3.10, 3.12, 3.13: the torch-free tests"
+  bash "$root/scripts/test_pythons.sh"
+fi
 
 echo "== bench smoke run"
 rm -rf "$root/build/bench-report"
