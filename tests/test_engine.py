@@ -10,8 +10,9 @@ import threading
 import time
 
 import pytest
+from conftest import require_torch
 
-torch = pytest.importorskip("torch")
+torch = require_torch()
 
 from hotloop.engine import AddRequest, EngineCore, ExecutorError, RequestError  # noqa: E402
 from hotloop.engine import tokenizer as tk  # noqa: E402

@@ -7,8 +7,9 @@ import math
 import threading
 
 import pytest
+from conftest import require_torch
 
-pytest.importorskip("torch")
+require_torch()
 
 import msgspec  # noqa: E402
 

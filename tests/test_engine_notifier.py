@@ -7,8 +7,9 @@ import threading
 import time
 
 import pytest
+from conftest import require_torch
 
-torch = pytest.importorskip("torch")
+torch = require_torch()
 
 import hotloop  # noqa: E402
 import hotloop.cuda  # noqa: E402

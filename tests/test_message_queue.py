@@ -5,6 +5,7 @@ readers alike (test_message_queue_remote.py has what only the network path has).
 import asyncio
 import gc
 import hashlib
+import inspect
 import multiprocessing as mp
 import os
 import pickle
@@ -12,9 +13,11 @@ import random
 import re
 import signal
 import time
+from unittest import mock
 
 import numpy as np
 import pytest
+from conftest import require_torch
 
 import hotloop
 from hotloop import ClosedError, DeadPeerError, MessageQueue, WaitPolicy, serialization
@@ -105,7 +108,7 @@ def _tensors():
 
 
 def test_tensors_and_arrays_round_trip_and_do_not_alias_the_ring():
-    torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs torch==2.13.0)")
+    torch = require_torch()
     with MessageQueue(1, max_chunk_bytes=CHUNK) as q:
         r = MessageQueue.create_from_handle(q.export_handle(), 0)
         sent = _tensors()
@@ -157,6 +160,37 @@ def test_object_path_round_trips_every_kind_of_message_in_order(backend):
         assert bytes(got[4]["buf"]) == b"b" * 5000 and got[5] == b"tail" and bytes(got[6][0]) == b"b" * 5000
         with pytest.raises(TimeoutError):
             r.dequeue(timeout=0.01)
+        r.close()
+
+
+def test_enqueue_and_dequeue_have_the_documented_signatures():
+    """The calls a queue binds in place of enqueue/dequeue (C++) answer inspect.signature with the parameters the
+    docs name, and unittest.mock's autospec of a queue works with them."""
+    with MessageQueue(1, max_chunk_bytes=CHUNK) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        assert type(q.enqueue) is hotloop._core.ObjectWriter and type(r.dequeue) is hotloop._core.ObjectReader
+        for call, names in ((q.enqueue, ["obj", "timeout"]), (r.dequeue, ["timeout"]),
+                            (MessageQueue.enqueue, ["self", "obj", "timeout"])):
+            params = inspect.signature(call).parameters
+            assert list(params) == names and params["timeout"].default is None, call
+        sent = {"step": 1}
+        fake_writer, fake_reader = mock.create_autospec(q), mock.create_autospec(r)
+        fake_writer.enqueue(sent, timeout=1.0)
+        fake_writer.enqueue.assert_called_once_with(sent, timeout=1.0)
+        fake_reader.dequeue.return_value = sent
+        assert fake_reader.dequeue(timeout=2.0) is sent
+        fake_reader.dequeue.assert_called_once_with(timeout=2.0)
+        fake_call = mock.create_autospec(q.enqueue)
+        fake_call(sent)
+        fake_call.assert_called_once_with(sent)
+        # the class's autospec checks the arguments
+        fake = mock.create_autospec(MessageQueue, instance=True)
+        fake.enqueue(sent, timeout=1.0)
+        with pytest.raises(TypeError):
+            fake.enqueue(sent, 1.0, "extra")
+        # the queue itself still works
+        q.enqueue(sent)
+        assert r.dequeue(timeout=5) == sent
         r.close()
 
 

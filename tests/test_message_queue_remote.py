@@ -211,6 +211,25 @@ def test_a_writer_closed_while_its_process_has_other_queue_ends_still_delivers_w
     assert child.exitcode == 0
 
 
+def test_queue_ends_opened_right_after_others_closed_can_monitor_their_sockets():
+    """A queue end opened while ZeroMQ still reaps the sockets of ends just closed (a writer's lingers) gets its
+    connection monitor: each monitor has an endpoint of its own (pyzmq's default, named after the socket's
+    descriptor, was still taken when a new socket got the same descriptor: "Address already in use", about one
+    round in six here)."""
+    for _ in range(20):
+        a = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
+        b = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
+        reader_a = MessageQueue.create_from_handle(a.export_handle(), 0)
+        a.wait_until_ready(timeout=10)
+        a.enqueue("to a", timeout=5)
+        assert reader_a.dequeue(timeout=5) == "to a"
+        reader_a.close()
+        a.close()
+        reader_b = MessageQueue.create_from_handle(b.export_handle(), 0)
+        reader_b.close()
+        b.close()
+
+
 def test_a_child_forked_while_another_thread_holds_the_process_zeromq_lock_opens_remote_queues():
     """The lock around the process's ZeroMQ context is made afresh in a forked child (a thread of the parent
     may hold it at the fork; the child has no such thread)."""

@@ -6,7 +6,7 @@ import gc
 import threading
 
 import pytest
-from conftest import wait_until
+from conftest import require_torch, wait_until
 
 import hotloop
 from hotloop import metrics
@@ -175,7 +175,7 @@ def test_prometheus_exposition_has_the_conventional_names():
 
 def test_prometheus_scrape_of_a_running_engine_moves_under_load_and_stays_still_when_idle():
     prometheus_client = pytest.importorskip("prometheus_client")
-    pytest.importorskip("torch")
+    require_torch()
     from hotloop.engine import AddRequest, EngineCore
     from hotloop.engine import tokenizer as tk
 

@@ -6,8 +6,9 @@ import signal
 import time
 
 import pytest
+from conftest import require_torch
 
-pytest.importorskip("torch")
+require_torch()
 
 from hotloop.engine.scheduler import RequestError  # noqa: E402
 from hotloop.orchestrator import Orchestrator, Replica, ReplicaDeadError, StageSpec  # noqa: E402
@@ -274,3 +275,59 @@ def test_the_reconcile_schedule_finds_replicas_added_behind_the_api_under_traffi
         await finish(orch, loop_kind)
 
     run(main())
+
+
+# numpy is not a dependency of hotloop (nor of torch): every stage process of this script finds no numpy (the
+# blocker is a sitecustomize module on PYTHONPATH, so the processes the orchestrator spawns load it too).
+_NO_NUMPY_SITE = '''
+import sys
+
+class _NoNumpy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" or name.startswith("numpy."):
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoNumpy())
+'''
+
+_TRANSFORM_WITHOUT_NUMPY = '''
+import asyncio, sys
+from hotloop.orchestrator import Orchestrator, StageSpec
+
+async def main():
+    orch = await Orchestrator.start([StageSpec("transform")])
+    try:
+        packets = [p async for p in orch.generate([1, 2, 3, 4])]
+    finally:
+        await orch.shutdown()
+    assert "numpy" not in sys.modules
+    (p,) = packets
+    assert p.finished and p.error is None, p
+    sys.stdout.write(p.frames.hex())
+
+asyncio.run(main())
+'''
+
+
+def test_the_transform_stage_runs_without_numpy(tmp_path):
+    """A plain install (`pip install torch==2.13.0 .`) has no numpy: the transform stage must not need it."""
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text(_NO_NUMPY_SITE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    check = subprocess.run([sys.executable, "-c", "import numpy"], env=env, capture_output=True, text=True)
+    assert "hidden by the test" in check.stderr, "the numpy blocker is not loaded"
+    out = subprocess.run([sys.executable, "-c", _TRANSFORM_WITHOUT_NUMPY], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    frames = bytes.fromhex(out.stdout)
+    import torch
+    from hotloop.orchestrator.vocoder import Vocoder
+
+    assert frames == Vocoder()([1, 2, 3, 4])  # the same samples as here, in-process
+    samples = torch.frombuffer(bytearray(frames), dtype=torch.float32)
+    v = Vocoder()
+    expected = torch.tanh(v.embed[torch.tensor([1, 2, 3, 4])] @ v.w).reshape(-1)
+    assert samples.shape == (4 * HOP,) and torch.allclose(samples, expected)

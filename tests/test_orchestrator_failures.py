@@ -6,8 +6,9 @@ import asyncio
 import logging
 
 import pytest
+from conftest import require_torch
 
-pytest.importorskip("torch")
+require_torch()
 
 from hotloop.engine.protocol import StatsRequest  # noqa: E402
 from hotloop.engine.scheduler import RequestError  # noqa: E402

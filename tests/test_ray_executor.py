@@ -23,8 +23,11 @@ import time
 import traceback
 
 import pytest
+from conftest import require_torch
 
-from hotloop.testing import netns
+require_torch()  # the engine's ranks run a torch model
+
+from hotloop.testing import netns  # noqa: E402
 
 SERVE_FLAG = "--serve-cluster"
 RESULT_FD_ENV = "HOTLOOP_RAY_TEST_RESULT_FD"

@@ -9,6 +9,7 @@ import weakref
 
 import numpy as np
 import pytest
+from conftest import require_torch
 
 from hotloop import MessageQueue, serialization
 
@@ -56,7 +57,7 @@ def test_large_buffers_go_out_of_band_and_point_into_the_readers_copy():
 
 
 def test_a_tensor_goes_out_of_band_and_is_kept_alive_until_written():
-    torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs torch==2.13.0)")
+    torch = require_torch()
     t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     parts, keep_alive = serialization.dumps({"t": t})
     assert bytes(parts[0][:4]) == serialization.MAGIC and len(parts) == 3 and len(keep_alive) == 1
@@ -146,7 +147,7 @@ def test_a_tensor_sent_after_torch_is_imported_goes_out_of_band():
     import subprocess
     import sys
 
-    pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs torch==2.13.0)")
+    require_torch()
     code = """
 import sys
 from hotloop import MessageQueue, serialization
@@ -197,7 +198,7 @@ def test_a_thread_that_sent_messages_leaves_no_pickler_behind_when_it_ends():
 def test_an_encoder_is_freed_by_reference_counting_alone():
     """No reference cycle through an encoder, with torch's reducer registered too (the collector cannot break
     one that passes through the native sink)."""
-    pytest.importorskip("torch")
+    require_torch()
     gc.collect()
     before = _live_encoders()
     gc.disable()

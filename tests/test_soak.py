@@ -5,8 +5,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import require_torch
 
-pytest.importorskip("torch")
+require_torch()
 
 
 def test_one_minute_soak_loses_duplicates_hangs_and_leaks_nothing(tmp_path):

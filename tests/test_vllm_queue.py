@@ -10,11 +10,13 @@ import threading
 import time
 
 import pytest
-import torch
+from conftest import require_torch
 
-from hotloop import BadHandleError, ClosedError, DeadPeerError, wait_any
-from hotloop.vllm import message_queue as vmq
-from hotloop.vllm import MessageQueue
+torch = require_torch()  # vLLM's messages carry tensors; vLLM itself is not needed
+
+from hotloop import BadHandleError, ClosedError, DeadPeerError, wait_any  # noqa: E402
+from hotloop.vllm import message_queue as vmq  # noqa: E402
+from hotloop.vllm import MessageQueue  # noqa: E402
 
 CTX = mp.get_context("fork")
 

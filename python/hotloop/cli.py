@@ -34,6 +34,24 @@ def _cuda_driver() -> str:
         return f"not available ({e})"
 
 
+# The benchmarks that run hotloop's engine (PyTorch, which a plain install leaves out: pyproject's extra "engine")
+NEEDS_TORCH = ("engine", "orchestrator")
+NO_TORCH = "PyTorch is not installed (pip install torch==2.13.0, the CPU build, or \"hotloop[engine]\")"
+
+
+def _torch_version() -> str | None:
+    """torch's version, without importing it (seconds); None where it cannot be imported."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "installed (no package metadata)"
+
+
 def info() -> dict:
     import hotloop
     from hotloop import _core
@@ -52,6 +70,7 @@ def info() -> dict:
         # how a wait over doorbells and descriptors together sleeps; the reason when it is not io_uring
         "park_backend": park["backend"] + (f" ({park['reason']})" if park["reason"] else ""),
         "cuda_driver": _cuda_driver(),
+        "torch": _torch_version() or f"not installed: the engine, the orchestrator and soak need it ({NO_TORCH})",
         "nvtx": "ranges built in (domain 'hotloop')" if build["nvtx"] else "built without the NVTX3 headers",
         "default_wait_policy": repr(hotloop.WaitPolicy()),
     }
@@ -67,6 +86,14 @@ def cmd_bench(args) -> int:
     from hotloop.bench import BENCHMARKS, vllm_bench
 
     names = args.names or list(BENCHMARKS)
+    if _torch_version() is None:
+        named = [n for n in args.names if n in NEEDS_TORCH]
+        if named:
+            print(f"hotloop bench {' '.join(named)}: runs the engine, which needs PyTorch; {NO_TORCH}", file=sys.stderr)
+            return 2
+        if not args.names:
+            print(f"hotloop bench: skipping {', '.join(NEEDS_TORCH)}: {NO_TORCH}", file=sys.stderr)
+            names = [n for n in names if n not in NEEDS_TORCH]
     BENCHMARKS = {**BENCHMARKS, "vllm": vllm_bench.run}  # only when named: it needs vLLM and takes minutes
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
@@ -109,6 +136,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_soak(args) -> int:
+    if _torch_version() is None:
+        print(f"hotloop soak: runs an engine and an orchestrator, which need PyTorch; {NO_TORCH}", file=sys.stderr)
+        return 2
     from hotloop.soak import run
 
     return run(args.minutes, args.seed, args.json, args.goal_s, not args.no_fail_on_goal)

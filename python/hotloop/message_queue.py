@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import inspect
 import os
 import re
 import sys
@@ -399,6 +400,21 @@ class MessageQueue:
 
 # The class's own enqueue/dequeue: a queue binds the C++ calls in their place only while the class still has these.
 _CLASS_ENQUEUE, _CLASS_DEQUEUE = MessageQueue.enqueue, MessageQueue.dequeue
+
+
+def _call_signature(method) -> inspect.Signature:
+    """`method`'s signature without `self`: what the C++ call bound in its place takes."""
+    sig = inspect.signature(method)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
+# inspect.signature(q.enqueue) (and what relies on it: help(), IDEs, unittest.mock) answers with the methods' own
+# parameters when the queue has bound the C++ calls in their place; nanobind functions carry no signature that
+# inspect can read. On the classes, so this costs a queue nothing. (unittest.mock's autospec of a queue still
+# records calls to them without checking their arguments: it reads a callable object's signature from its
+# __call__, here a nanobind method; autospec the class, MessageQueue, for checked calls.)
+_core.ObjectWriter.__signature__ = _call_signature(MessageQueue.enqueue)
+_core.ObjectReader.__signature__ = _call_signature(MessageQueue.dequeue)
 
 
 class _ReadableWatcher:

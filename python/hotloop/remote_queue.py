@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import select
@@ -96,6 +97,17 @@ def default_connect_ip() -> str:
         return "127.0.0.1"
 
 
+_MONITOR_IDS = itertools.count()
+
+
+def _monitor(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """`sock`'s connection monitor, on an inproc endpoint of its own. Not pyzmq's default endpoint, named after the
+    socket's descriptor: a socket closed a moment ago keeps its endpoint until ZeroMQ has reaped it (a writer's
+    lingers while it sends what is queued), and a new socket given the same descriptor number then failed to
+    monitor with "Address already in use"."""
+    return sock.get_monitor_socket(events, addr=f"inproc://hotloop-monitor-{os.getpid()}-{next(_MONITOR_IDS)}")
+
+
 def peer_timeout_s() -> int:
     """How long a remote peer may be unreachable before its connection is given up (whole seconds, >= 2):
     ``HOTLOOP_PEER_TIMEOUT_S``, default ``PEER_TIMEOUT_S``."""
@@ -117,9 +129,8 @@ def _keepalive(sock: zmq.Socket) -> None:
       second, the connection dropped after ``timeout - 1`` unanswered ones;
     - a connection with data in flight (the writer sending to a partitioned reader; keepalive never probes
       then): ``TCP_USER_TIMEOUT`` (ZeroMQ's ``TCP_MAXRT``), the connection dropped once sent data stays
-      unacknowledged that long. Without it the writer's kernel retransmits for about 15 minutes, its writes
-      succeed into the send buffer all that time, and closing the queue (ZeroMQ's context termination) waits
-      for that connection.
+      unacknowledged that long. Without it the writer's kernel retransmits for about 15 minutes and its writes
+      succeed into the send buffer all that time.
 
     A slow reader is not a dead one: its kernel acknowledges the writer's zero-window probes. Not ZMTP
     heartbeats: those travel in-band, so a reader that is busy (its receive buffer full, ZeroMQ no longer
@@ -296,7 +307,7 @@ class RemotePublisher:
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, int(WRITER_LINGER_S * 1000))
         _keepalive(self._sock)
-        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED)
+        self._monitor = _monitor(self._sock, _HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED)
         connect_ip = connect_ip or default_connect_ip()
         port = self._sock.bind_to_random_port(f"tcp://{bind_ip or connect_ip}")
         self.address = f"tcp://{connect_ip}:{port}"
@@ -512,7 +523,7 @@ class RemoteSubscriber:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         _keepalive(self._sock)
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._monitor = _monitor(self._sock, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.setsockopt(zmq.SUBSCRIBE, _rank_topic(rank))
         self._sock.connect(address)

@@ -151,7 +151,7 @@ def encoder() -> _Encoder:
     """The calling thread's pickler (ShmRing.write_object finds the same one through THREAD_PICKLERS; when it
     returns False, ``assemble`` this)."""
     enc = _PER_THREAD.encoder
-    if not enc.torch_registered and "torch" in _MODULES:
+    if not enc.torch_registered and _MODULES.get("torch") is not None:  # None: torch's import is blocked
         enc.register_torch()
     return enc
 

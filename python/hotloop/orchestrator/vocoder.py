@@ -9,6 +9,7 @@ tokens give the same frames. The process dies with its parent.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -62,7 +63,9 @@ class Vocoder:
 
         with torch.inference_mode():
             x = torch.tanh(self.embed[torch.tensor(token_ids, dtype=torch.long)] @ self.w)
-        return x.reshape(-1).to(torch.float32).numpy().tobytes()
+        x = x.reshape(-1).to(torch.float32).contiguous()
+        # the samples' bytes, copied once; not through .numpy(): numpy is not a dependency of hotloop (nor of torch)
+        return ctypes.string_at(x.data_ptr(), x.numel() * x.element_size())
 
 
 def transform_main(in_addr: str, out_addr: str, kwargs: dict, parent_pid: int, ready_conn) -> None:
