@@ -18,6 +18,8 @@ Contract:
   event-driven orchestrator switch (``VLLM_OMNI_EVENT_DRIVEN_ORCH``) and, when PyPI's torchvision (a CUDA build)
   is installed next to torch's CPU build, ``PYTHONPATH`` naming ``SITE_DIR`` (its ``sitecustomize`` lets
   torchvision's Python parts import; vllm-omni's model registry imports them in every process).
+- ``prepare()`` does the same from inside a vllm-omni program, before vllm-omni is imported: ``os.environ`` as
+  ``env()`` gives it, and the torchvision fix in the program's own process.
 - ``stage_processes_on_hotloop(log_text)`` reads the plugin's lines out of a run's log: pid -> vLLM version.
 
 Nothing here imports vllm-omni or vLLM at import time.
@@ -94,6 +96,17 @@ def env(hotloop: bool = True, event_driven: bool = True, base: dict | None = Non
     return out
 
 
+def prepare(hotloop: bool = True, event_driven: bool = True) -> None:
+    """In a vllm-omni program, before vllm-omni is imported: ``os.environ`` as ``env()`` gives it (the processes
+    vllm-omni and vLLM start inherit it) and the torchvision fix in this process too, where it is needed."""
+    os.environ.update(env(hotloop, event_driven, base=dict(os.environ)))
+    if _shim:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("hotloop_omni_site", os.path.join(SITE_DIR, "sitecustomize.py"))
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
 def register_text_pipeline(stages: int = 2, arch: str = "LlamaForCausalLM") -> str:
     """Register a pipeline of `stages` text stages of architecture `arch` with vllm-omni; returns its name (the
     deploy file's ``pipeline:``). Idempotent."""
@@ -118,8 +131,8 @@ def write_deploy_yaml(path: str, pipeline: str, stages: int = 2, bind: list[str]
     """Write the CPU deploy file of a registered text pipeline to `path`. Each stage: vLLM's CPU worker (vllm-omni
     has no CPU platform), the multiprocess executor (its worker in its own process, reached over the
     MessageQueue), eager mode, no async scheduling, `memory_fraction` of the machine's memory per stage (vLLM's
-    ``gpu_memory_utilization``, which its CPU worker checks against free memory at start); ``bind[i]`` is stage i's ``VLLM_CPU_OMP_THREADS_BIND`` (default:
-    stage i on core i modulo the machine's cores)."""
+    ``gpu_memory_utilization``, which its CPU worker checks against free memory at start); ``bind[i]`` is stage
+    i's ``VLLM_CPU_OMP_THREADS_BIND`` (default: stage i on core i modulo the machine's cores)."""
     ncpu = os.cpu_count() or 1
     bind = bind or [str(i % ncpu) for i in range(stages)]
     lines = [f"pipeline: {pipeline}", "async_chunk: false", "distributed_executor_backend: mp", "dtype: float32",
@@ -141,6 +154,6 @@ def stage_processes_on_hotloop(log_text: str) -> dict[int, str]:
     return {int(m.group(2)): m.group(1) for m in PLUGIN_LINE.finditer(log_text)}
 
 
-__all__ = ["EVENT_DRIVEN_ENV", "SITE_DIR", "SUPPORTED_VLLM_OMNI", "TEXT_PIPELINE", "env", "importable",
+__all__ = ["EVENT_DRIVEN_ENV", "SITE_DIR", "SUPPORTED_VLLM_OMNI", "TEXT_PIPELINE", "env", "importable", "prepare",
            "register_text_pipeline", "stage_processes_on_hotloop", "torchvision_needs_shim", "vllm_omni_version",
            "write_deploy_yaml"]
