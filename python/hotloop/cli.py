@@ -121,17 +121,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hotloop", description="hotloop: the hot loop of LLM serving, made cheap.")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="run benchmarks (each next to the baseline it replaces)")
-    b.add_argument("names", nargs="*", help="which benchmarks (default: all but vllm): wait, queue, notifier, engine, orchestrator, "
-                   "vllm (vLLM's engine on its own queue and on hotloop's; needs hotloop[vllm]), vllm-omni (vllm-omni's two-stage "
-                   "text pipeline with and without hotloop; needs scripts/install_vllm_omni.sh)")
+    b.add_argument("names", nargs="*", help="which benchmarks (default: all but vllm and vllm-omni): wait, queue, "
+                   "notifier, engine, orchestrator, vllm (vLLM's engine on its own queue and on hotloop's; needs "
+                   "hotloop[vllm]), vllm-omni (vllm-omni's two-stage text pipeline with and without hotloop; needs "
+                   "scripts/install_vllm_omni.sh)")
     b.add_argument("--full", action="store_true", help="long runs with more repeats (default: short runs)")
     b.add_argument("--report", metavar="DIR", default="hotloop-bench-report",
                    help="where the report page (index.html) and its plots go (default: %(default)s; '' for none)")
     b.add_argument("--plot", metavar="PATH", default=None,
                    help="where the engine benchmark writes its latency plot (default: inside the report directory)")
     b.add_argument("--rounds", type=int, default=None,
-                   help="rounds of the vllm and vllm-omni benchmarks, arms alternating (default 1; --full: 3 for vllm, 4 "
-                   "for vllm-omni)")
+                   help="rounds of the vllm and vllm-omni benchmarks, arms alternating (default 1; --full: 3 for "
+                   "vllm, 4 for vllm-omni)")
     b.add_argument("--json", metavar="PATH", help="also write the figures and the machine facts as JSON")
     b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="print what a bug report needs")
