@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,10 +45,9 @@ GLOO_LOOP_THREAD = "gloo_tcp_loop"  # torch's gloo transport in each worker: epo
 def _arm_env(arm: str) -> dict:
     from hotloop.vllm import omni
 
+    # INFO: each process on hotloop's queue logs the plugin's line, which the bench reads
     return omni.env(hotloop=arm.endswith("+hotloop"), event_driven=not arm.startswith("legacy"),
-                    base=dict(os.environ, VLLM_LOGGING_LEVEL="INFO",
-                              # the driver asks each stage's workers which queue class they run
-                              VLLM_ALLOW_INSECURE_SERIALIZATION="1"))
+                    base=dict(os.environ, VLLM_LOGGING_LEVEL="INFO"))
 
 
 # ---- process tree ----
@@ -95,11 +95,6 @@ def tree_seconds(root: int) -> dict[str, float]:
 
 # ---- the driver (one AsyncOmni, one arm) ----
 
-def _worker_queue_class(_worker=None):
-    mod = sys.modules["vllm.v1.executor.multiproc_executor"]
-    return f"{mod.MessageQueue.__module__}.{mod.MessageQueue.__qualname__}"
-
-
 def _stamp_hops(pickups: list, drains: list) -> None:
     """Stamp the stage-output pickup and the orchestrator -> caller drain (measurement only; vllm-omni's code runs
     unchanged inside the wrappers)."""
@@ -145,20 +140,15 @@ def _stamp_hops(pickups: list, drains: list) -> None:
             drains.append((time.monotonic_ns() - t) / 1e6)
         return msg
 
-    base = omni_engine_base.OmniEngineBase if hasattr(omni_engine_base, "OmniEngineBase") else None
-    for cls in [c for c in vars(omni_engine_base).values() if isinstance(c, type)] if base is None else [base]:
-        for name in ("get_output_blocking_async", "try_get_output_async"):
-            fn = cls.__dict__.get(name)
-            if fn is None:
-                continue
+    cls = omni_engine_base.OmniEngineBase
+    for name in ("get_output_blocking_async", "try_get_output_async"):  # the event-driven and the polling drain
+        def wrap(fn=getattr(cls, name)):
+            async def _get(self, *a, **k):
+                msg = await fn(self, *a, **k)
+                return _received(msg) if msg is not None else msg
+            return _get
 
-            def wrap(fn=fn):
-                async def _get(self, *a, **k):
-                    msg = await fn(self, *a, **k)
-                    return _received(msg) if msg is not None else msg
-                return _get
-
-            setattr(cls, name, wrap())
+        setattr(cls, name, wrap())
 
 
 def _driver(args) -> int:
@@ -203,9 +193,6 @@ def _driver(args) -> int:
     async def main():
         engine = AsyncOmni(model=args.model, deploy_config=deploy)
         try:
-            queue_classes = sorted({c for s in range(2)
-                                    for c in await engine.collective_rpc(_worker_queue_class, stage_ids=[s])}) \
-                if args.check_workers else []
             for i in range(3):
                 await one(engine, prompts[i], f"warm{i}")
             pickups.clear()
@@ -221,7 +208,7 @@ def _driver(args) -> int:
             i1 = tree_seconds(root)
             dt = time.monotonic() - t_idle
             kinds = {pid: kind_of(pid, root, cmd) for pid, cmd in _tree(root).items()}
-            out = {"queue_classes": queue_classes, "pid": root, "kinds": kinds,
+            out = {"pid": root, "kinds": kinds,
                    "ttfo_ms": [r["ttfo_ms"] for r in res], "e2e_ms": [r["e2e_ms"] for r in res],
                    "cpu_s_per_1k_tok": 1000 * (c1["tree"] - c0["tree"]) / tokens,
                    "idle_pct": {k: 100 * (i1[k] - i0[k]) / dt for k in i0},
@@ -229,19 +216,19 @@ def _driver(args) -> int:
                    "drain_ms": list(drains), "token_ids": [r["ids"] for r in res]}
         finally:
             engine.shutdown()
+            shutil.rmtree(tmp, ignore_errors=True)
         proto.write(json.dumps(out) + "\n")
 
     asyncio.run(main())
     return 0
 
 
-def run_arm(arm: str, model: str, requests: int, tokens: int, seed: int, check_workers: bool = False) -> dict:
+def run_arm(arm: str, model: str, requests: int, tokens: int, seed: int) -> dict:
     """One fresh AsyncOmni of `arm` in a driver process: its figures, and the pids whose log says they run on
     hotloop's queue (``on_hotloop``)."""
     with tempfile.TemporaryFile("w+") as log:
         p = subprocess.run([sys.executable, "-m", "hotloop.bench.omni_bench", "--driver", "--model", model,
-                            "--requests", str(requests), "--tokens", str(tokens), "--seed", str(seed)]
-                           + ["--check-workers"] * check_workers,
+                            "--requests", str(requests), "--tokens", str(tokens), "--seed", str(seed)],
                            env=_arm_env(arm), stdout=subprocess.PIPE, stderr=log, text=True, timeout=1800,
                            start_new_session=True)
         log.seek(0)
@@ -397,7 +384,6 @@ def render(data: dict, arms) -> Report:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hotloop.bench.omni_bench")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--check-workers", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="1 round of 4 requests (a smoke run)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 4; 1 with --quick)")
