@@ -83,7 +83,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from hotloop.bench import BENCHMARKS, vllm_bench
+    from hotloop.bench import BENCHMARKS, omni_bench, vllm_bench
 
     names = args.names or list(BENCHMARKS)
     if _torch_version() is None:
@@ -94,7 +94,8 @@ def cmd_bench(args) -> int:
         if not args.names:
             print(f"hotloop bench: skipping {', '.join(NEEDS_TORCH)}: {NO_TORCH}", file=sys.stderr)
             names = [n for n in names if n not in NEEDS_TORCH]
-    BENCHMARKS = {**BENCHMARKS, "vllm": vllm_bench.run}  # only when named: it needs vLLM and takes minutes
+    # only when named: they need vLLM (and vllm-omni) and take minutes
+    BENCHMARKS = {**BENCHMARKS, "vllm": vllm_bench.run, "vllm-omni": omni_bench.run}
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         print(f"hotloop bench: unknown benchmark(s) {unknown}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)
@@ -113,6 +114,8 @@ def cmd_bench(args) -> int:
         kwargs = {"plot_path": engine_plot} if name == "engine" else {}
         if name == "vllm":
             kwargs = {"rounds": args.rounds, "plot_path": plots["vllm"][0] if report else None}
+        if name == "vllm-omni":
+            kwargs = {"rounds": args.rounds}
         data, text = BENCHMARKS[name](quick=quick, **kwargs)
         record["results"][name] = data
         texts[name] = text
@@ -148,15 +151,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hotloop", description="hotloop: the hot loop of LLM serving, made cheap.")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="run benchmarks (each next to the baseline it replaces)")
-    b.add_argument("names", nargs="*", help="which benchmarks (default: all but vllm): wait, queue, notifier, engine, orchestrator, "
-                   "vllm (vLLM's engine on its own queue and on hotloop's; needs hotloop[vllm])")
+    b.add_argument("names", nargs="*", help="which benchmarks (default: all but vllm and vllm-omni): wait, queue, "
+                   "notifier, engine, orchestrator, vllm (vLLM's engine on its own queue and on hotloop's; needs "
+                   "hotloop[vllm]), vllm-omni (vllm-omni's two-stage text pipeline with and without hotloop; needs "
+                   "scripts/install_vllm_omni.sh)")
     b.add_argument("--full", action="store_true", help="long runs with more repeats (default: short runs)")
     b.add_argument("--report", metavar="DIR", default="hotloop-bench-report",
                    help="where the report page (index.html) and its plots go (default: %(default)s; '' for none)")
     b.add_argument("--plot", metavar="PATH", default=None,
                    help="where the engine benchmark writes its latency plot (default: inside the report directory)")
     b.add_argument("--rounds", type=int, default=None,
-                   help="rounds of the vllm benchmark, arms alternating (default 1; 5 with --full)")
+                   help="rounds of the vllm and vllm-omni benchmarks, arms alternating (default 1; --full: 3 for "
+                   "vllm, 4 for vllm-omni)")
     b.add_argument("--json", metavar="PATH", help="also write the figures and the machine facts as JSON")
     b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="print what a bug report needs")
