@@ -25,10 +25,12 @@ def _require_vllm_omni():
     require_supported_vllm()
     from hotloop.vllm import vllm_version
 
+    # HOTLOOP_TEST_REQUIRE_OMNI=1 (scripts/test_vllm_versions.sh, where it is installed): fail instead of skipping
+    skip = pytest.fail if os.environ.get("HOTLOOP_TEST_REQUIRE_OMNI") == "1" else pytest.skip
     if omni.vllm_omni_version() is None:
-        pytest.skip("vllm-omni is not installed (scripts/install_vllm_omni.sh installs 0.30.0 for text stages)")
+        skip("vllm-omni is not installed (scripts/install_vllm_omni.sh installs 0.30.0 for text stages)")
     if not vllm_version().startswith("0.30."):
-        pytest.skip(f"vllm-omni {omni.vllm_omni_version()} needs vLLM 0.30; this is vLLM {vllm_version()}")
+        skip(f"vllm-omni {omni.vllm_omni_version()} needs vLLM 0.30; this is vLLM {vllm_version()}")
 
 
 def test_plugin_lines_are_read_per_process():
