@@ -86,9 +86,19 @@ class VllmSource:
         if QUEUE_MODULE not in self._files:
             raise ValueError(f"{path}: no {QUEUE_MODULE} there; give a vLLM wheel or the directory holding vllm/")
         self._trees: dict[str, ast.Module] = {}
+        self._attributes: dict[str, set[str]] = {}
 
     def files(self) -> Iterator[tuple[str, str]]:
         return iter(sorted(self._files.items()))
+
+    def text(self, rel: str) -> str:
+        return self._files.get(rel, "")
+
+    def attributes(self, rel: str) -> set[str]:
+        """Every attribute name read in ``rel`` (``x.name``), found once per file."""
+        if rel not in self._attributes:
+            self._attributes[rel] = {n.attr for n in ast.walk(self.tree(rel)) if isinstance(n, ast.Attribute)}
+        return self._attributes[rel]
 
     def tree(self, rel: str) -> ast.Module | None:
         if rel not in self._files:
@@ -151,10 +161,7 @@ def _outside_uses(source: VllmSource, attr: str, skip: str = QUEUE_MODULE) -> li
     """Files (other than ``skip``) that read ``.attr``."""
     where = []
     for rel, text in source.files():
-        if rel == skip or f".{attr}" not in text:
-            continue
-        tree = source.tree(rel)
-        if any(isinstance(n, ast.Attribute) and n.attr == attr for n in ast.walk(tree)):
+        if rel != skip and f".{attr}" in text and attr in source.attributes(rel):
             where.append(rel)
     return where
 
@@ -251,7 +258,7 @@ def check(path: str) -> tuple[str, list[Finding]]:
 
     source = VllmSource(path)
     findings = _queue_checks(source, MessageQueue)
-    plugins = source._files.get(PLUGINS_MODULE, "")
+    plugins = source.text(PLUGINS_MODULE)
     ok = "vllm.general_plugins" in plugins and "def load_general_plugins" in plugins
     findings.append(Finding("the plugin loader reads the vllm.general_plugins entry points", ok,
                             "" if ok else f"not in {PLUGINS_MODULE}"))
