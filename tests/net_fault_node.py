@@ -40,7 +40,7 @@ def writer(config):
         port = q.export_handle().remote_address.rsplit(":", 1)[1]
         proxy = subprocess.Popen([sys.executable, "-m", "hotloop.testing.delay_proxy", c["address"], port,
                                   "127.0.0.1", port, str(c["delay_ms"]), str(c.get("jitter_ms", 0)),
-                                  str(c["n_reader"])],
+                                  str(2 * c["n_reader"])],  # a relayed reader: its node's stream, its presence
                                  stdout=subprocess.PIPE, text=True)
         assert proxy.stdout.readline().strip() == "ready"
     path = c["handle"]

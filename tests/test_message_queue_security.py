@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from hotloop import DeadPeerError, MessageQueue
-from hotloop.remote_queue import _rank_topic
+from hotloop.queue.remote import _rank_topic
 
 CTX = mp.get_context("fork")
 LOOPBACK = "127.0.0.1"

@@ -116,7 +116,7 @@ struct ShmRing::Layout {
   uint32_t dead_reader = 0;
   int32_t writer_pid = 0;
   uint64_t writer_start_time = 0;
-  std::atomic<uint32_t> state{0};  // 1: shut down
+  std::atomic<uint32_t> state{0};  // 1: shut down; 2: abandoned (the writer lost its own source)
   std::atomic<uint32_t> attached{0};
   Doorbell data_bell{true};   // rung by the writer after publishing
   Doorbell space_bell{true};  // rung by readers after releasing
@@ -295,6 +295,10 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
     fail("reader rank " + std::to_string(rank) + "'s position " + std::to_string(start) + " is not the start of a "
          "record: the segment is corrupt, recreate the queue");
   }
+  if (slot.dropped.load(std::memory_order_acquire) != 0 && slot.attached.load(std::memory_order_acquire) == 0) {
+    fail("reader rank " + std::to_string(rank) + " was closed to readers: the queue's writer was already sending "
+         "(create every reader before the writer's wait_until_ready() returns)");
+  }
   uint32_t expected = 0;
   if (!slot.attached.compare_exchange_strong(expected, 1)) {
     fail("reader rank " + std::to_string(rank) + " is already attached (by pid " + std::to_string(slot.pid.load()) +
@@ -357,6 +361,22 @@ void ShmRing::shutdown() noexcept {
   layout_->state.store(1, std::memory_order_release);
   layout_->data_bell.ring();
   layout_->space_bell.ring();
+}
+
+void ShmRing::abandon() noexcept {
+  layout_->state.store(kAbandoned, std::memory_order_release);
+  layout_->data_bell.ring();
+  layout_->space_bell.ring();
+}
+
+uint32_t ShmRing::close_unattached() noexcept {
+  uint32_t closed = 0;
+  for (uint32_t i = 0; i < geo_.n_readers; ++i) {
+    ReaderSlot& r = slots_[i];
+    if (r.attached.load(std::memory_order_acquire) != 0 || r.dropped.exchange(1) != 0) continue;
+    ++closed;
+  }
+  return closed;
 }
 
 void ShmRing::cancel_waits() noexcept {
@@ -608,6 +628,11 @@ bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHook
     throw_if_cancelled();
     if (readable()) return true;
     if (l->state.load(std::memory_order_acquire) != 0) {
+      if (l->state.load(std::memory_order_acquire) == kAbandoned) {
+        throw DeadPeerError("the writer (pid " + std::to_string(geo_.writer_pid) + ") of queue " + name_ +
+                            " lost its own source (a node's relay lost the queue's writer); every message it "
+                            "received was delivered: recreate the queue");
+      }
       throw ClosedError("queue " + name_ + " was shut down by its writer (every message before that was "
                         "delivered)");
     }
@@ -713,6 +738,29 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
 
 // ---- cleanup of segments whose creator died before every reader attached ----
 
+namespace {
+// Whether the ring named `entry` (a /dev/shm entry) is a ring whose writer process is gone. Anything it cannot
+// read as a ring is left alone.
+bool node_ring_writer_dead(const char* entry) {
+  std::string name = std::string("/") + entry;
+  int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool dead = false;
+  if (fstat(fd, &st) == 0 && size_t(st.st_size) >= sizeof(ShmRing::Layout)) {
+    void* p = mmap(nullptr, sizeof(ShmRing::Layout), PROT_READ, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      auto* l = static_cast<const ShmRing::Layout*>(p);
+      dead = l->magic.load(std::memory_order_acquire) == kMagic && l->writer_pid > 0 &&
+             !process_alive(l->writer_pid, l->writer_start_time);
+      munmap(p, sizeof(ShmRing::Layout));
+    }
+  }
+  ::close(fd);
+  return dead;
+}
+}  // namespace
+
 int ShmRing::reap_stale_segments() noexcept {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return 0;
@@ -721,6 +769,13 @@ int ShmRing::reap_stale_segments() noexcept {
   while (dirent* e = readdir(dir)) {
     unsigned long long ns = 0, start = 0;
     int pid = 0;
+    if (std::sscanf(e->d_name, "hotloop-node-%llu-", &ns) == 1) {  // named by its node: its header says whose
+      if (own_ns != 0 && ns == own_ns && node_ring_writer_dead(e->d_name)) {
+        std::string name = std::string("/") + e->d_name;
+        if (shm_unlink(name.c_str()) == 0) ++removed;
+      }
+      continue;
+    }
     if (std::sscanf(e->d_name, "hotloop-%llu-%d-%llu-", &ns, &pid, &start) != 3) continue;
     // A pid means something only in the namespace that issued it: a segment from another PID namespace (a
     // container sharing /dev/shm) or of unknown origin is never proven dead here.

@@ -120,6 +120,13 @@ class ShmRing {
   void write(const Part* parts, size_t n, int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* hooks = nullptr);
   // Marks the ring shut down and wakes every parked reader (they get ClosedError once drained).
   void shutdown() noexcept;
+  // Marks the ring abandoned: the writer lost its own source (a node's relay lost the queue's writer). Parked
+  // readers wake and get DeadPeerError once drained, as if the writer had died.
+  void abandon() noexcept;
+  // Closes every reader slot not attached yet: it no longer holds the writer back, and attaching it fails. A
+  // ring sized for more readers than come (a node's relay: one slot per remote rank of the queue) calls it once
+  // its readers are in. Returns how many slots it closed.
+  uint32_t close_unattached() noexcept;
   // Writes a message only if it fits one record and the ring has room now (never waits); false otherwise.
   // For callers that can write without releasing a lock (the Python binding keeps the GIL for it).
   bool try_write(const Part* parts, size_t n);
@@ -152,14 +159,18 @@ class ShmRing {
   // The reader's wait_any source: ready when readable() or the ring is shut down.
   Source& source() noexcept;
 
-  // Removes /dev/shm/hotloop-* segments made in this PID namespace whose creating process no longer exists.
+  // Removes /dev/shm/hotloop-* segments made in this PID namespace whose creating process no longer exists
+  // (a node relay's ring, "hotloop-node-<pid namespace>-...", by the writer pid in its header).
   // Returns how many.
   static int reap_stale_segments() noexcept;
   // The identity of this process's PID namespace (the inode of /proc/self/ns/pid), as segment names carry it.
   static uint64_t pid_namespace() noexcept;
 
+ public:
+  struct Layout;  // the segment's header (shm_ring.cpp)
+  static constexpr uint32_t kAbandoned = 2;  // Layout::state of an abandoned ring (1: shut down)
+
  private:
-  struct Layout;
   class ReaderSource;
   ShmRing() = default;
 

@@ -410,6 +410,11 @@ void bind_shm_ring(nb::module_& m) {
            "Whether a message is waiting (one atomic load).")
       .def("shutdown", [](PyShmRing& s) { s.get().shutdown(); },
            "Writer: no more messages; parked readers wake and get ClosedError once drained.")
+      .def("abandon", [](PyShmRing& s) { s.get().abandon(); },
+           "Writer: it lost its own source; parked readers wake and get DeadPeerError once drained.")
+      .def("close_unattached", [](PyShmRing& s) { return s.get().close_unattached(); },
+           "Writer: reader slots not attached yet stop holding it back and can no longer attach; returns how "
+           "many.")
       .def("unlink", [](PyShmRing& s) { s.get().unlink(); }, "Remove the segment's name (mapped peers go on).")
       .def("close", [](PyShmRing& s) {
         if (s.closed) return;

@@ -17,7 +17,7 @@ Every exception hotloop raises is in :mod:`hotloop.errors`.
 from queue import Empty
 
 from hotloop.errors import BadHandleError, DeadPeerError, HotloopError, QueueTimeout
-from hotloop.message_queue import MessageQueue
+from hotloop.queue import MessageQueue
 from hotloop._core import (
     ClosedError,
     CudaError,

@@ -30,7 +30,7 @@ import zmq
 import _common
 
 import hotloop
-from hotloop import message_queue
+from hotloop.queue import message_queue
 
 # Coverage for libFuzzer: the handle checks and reader set-up in Python (the C++ attach is not instrumented).
 for _fn in (message_queue.MessageQueue.create_from_handle, message_queue.MessageQueue.close):

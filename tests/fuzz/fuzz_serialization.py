@@ -32,7 +32,7 @@ import atheris
 
 import _common
 
-from hotloop import serialization
+from hotloop.queue import serialization
 
 # Coverage for libFuzzer: the decoder's Python code, and pickletools' opcode walker (run on every input by the
 # known-finding checks below), which gives the C unpickler's opcodes a coverage signal of their own.

@@ -8,7 +8,7 @@
 - :class:`Nodes`: named network namespaces ("nodes"), each joined to the first by its own veth pair with an
   address in 10.<n>.0.0/24, so the only traffic between them crosses links the test owns. ``cut(node)`` drops
   every packet in and out of a node (an nftables drop-all table: a partition, no process is told),
-  ``lose(node, percent)`` drops that share of them at random, ``heal(node)`` removes either; ``popen(node, argv)`` starts a process on a node. ``Nodes.unavailable()`` says why they cannot be
+  ``lose(node, percent)`` drops that share of them at random, ``heal(node)`` removes either; ``popen(node, argv)`` starts a process on a node (``HOTLOOP_NODE_ID`` set to its name). ``Nodes.unavailable()`` says why they cannot be
   made here (root, iproute2's ``ip``, Debian's ``nftables``). Everything is removed on ``close()``.
 """
 
@@ -107,6 +107,9 @@ class Nodes:
             raise
 
     def popen(self, node: str, argv: list[str], **kwargs) -> subprocess.Popen:
+        """``argv`` on ``node``, with ``HOTLOOP_NODE_ID`` set to the node's name: the simulated nodes share this
+        host's ``/dev/shm`` and boot id, and a queue's readers on different nodes must not share a relay."""
+        kwargs["env"] = {**(kwargs.get("env") or os.environ), "HOTLOOP_NODE_ID": node}
         proc = subprocess.Popen(["ip", "netns", "exec", self.ns[node], *argv], **kwargs)
         self._procs.append(proc)
         return proc

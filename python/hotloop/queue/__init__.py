@@ -1,0 +1,14 @@
+"""hotloop's message queue: one writer, many readers, across processes and nodes.
+
+- ``message_queue.py``: ``MessageQueue`` and its ``Handle``, the facade engine code uses (vLLM's names);
+- ``backends.py``: the reader and writer surfaces a queue drives (a shared-memory ring, the network);
+- ``remote.py``: the network side, the writer's publisher and a remote reader's subscriber (CurveZMQ over TCP);
+- ``relay.py``: a node's relay, which gives the readers that share a node one stream from the writer;
+- ``serialization.py``: how objects become messages (pickle 5 with out-of-band buffers) and back.
+
+The shared-memory ring itself is C++ (``hotloop._core.ShmRing``).
+"""
+
+from hotloop.queue.message_queue import Handle, MessageQueue
+
+__all__ = ["Handle", "MessageQueue"]
