@@ -331,6 +331,65 @@ TEST_F(ShmRingTest, SegmentsOfDeadCreatorsAreReapedOnlyInThisPidNamespace) {
   shm_unlink(old_style.c_str());
 }
 
+TEST_F(ShmRingTest, AnAbandonedRingDeliversWhatItHasThenRaisesDeadPeer) {
+  RingGeometry g;
+  g.capacity = 4096;
+  ShmRing w = ShmRing::create(g);
+  ShmRing r = ShmRing::attach(w.name(), 0, 4096, 1);
+  write_bytes(w, {7});
+  WaitPolicy park(0, 0, false);
+  ShmRing::Message m;
+  std::thread abandoner([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    w.abandon();
+  });
+  ASSERT_TRUE(r.read(m, kLong, park));
+  EXPECT_EQ(m.data[0], 7);
+  int64_t t0 = now_ns();
+  EXPECT_THROW(r.read(m, kLong, park), DeadPeerError) << "a parked reader wakes: the writer lost its source";
+  EXPECT_LT(now_ns() - t0, 1'000'000'000);
+  abandoner.join();
+}
+
+TEST_F(ShmRingTest, ClosedUnattachedSlotsNoLongerHoldTheWriterBackNorAttach) {
+  RingGeometry g;
+  g.capacity = 4096;
+  g.n_readers = 3;
+  ShmRing w = ShmRing::create(g);
+  ShmRing r = ShmRing::attach(w.name(), 1, 4096, 3);
+  EXPECT_EQ(w.close_unattached(), 2u);
+  EXPECT_EQ(w.close_unattached(), 0u) << "idempotent";
+  WaitPolicy park(0, 0, false);
+  ShmRing::Message m;
+  for (int i = 0; i < 200; ++i) {  // many rings' worth: only rank 1 holds the writer back
+    write_bytes(w, std::vector<uint8_t>(100, uint8_t(i)));
+    ASSERT_TRUE(r.read(m, kLong, park));
+    ASSERT_EQ(m.data[0], uint8_t(i));
+  }
+  EXPECT_THROW(ShmRing::attach(w.name(), 0, 4096, 3), BadHandleError) << "a closed slot cannot attach";
+}
+
+TEST_F(ShmRingTest, NodeRingsAreReapedByTheirHeadersWriter) {
+  const std::string ns = std::to_string(ShmRing::pid_namespace());
+  const std::string dead_name = "/hotloop-node-" + ns + "-deadwriter" + std::to_string(getpid());
+  const std::string live_name = "/hotloop-node-" + ns + "-livewriter" + std::to_string(getpid());
+  pid_t pid = fork();
+  if (pid == 0) {
+    RingGeometry g;
+    g.capacity = 4096;
+    ShmRing w = ShmRing::create(g, dead_name);
+    _exit(0);  // dies without unlinking (no destructors)
+  }
+  wait_child(pid);
+  RingGeometry g;
+  g.capacity = 4096;
+  ShmRing live = ShmRing::create(g, live_name);
+  ASSERT_EQ(access(("/dev/shm" + dead_name).c_str(), F_OK), 0);
+  EXPECT_GE(ShmRing::reap_stale_segments(), 1);
+  EXPECT_NE(access(("/dev/shm" + dead_name).c_str(), F_OK), 0) << "its header's writer is dead";
+  EXPECT_EQ(access(("/dev/shm" + live_name).c_str(), F_OK), 0) << "its header's writer (this process) lives";
+}
+
 TEST_F(ShmRingTest, RingsWhoseRecordsCouldOverflowTheirSizeFieldAreRefused) {
   RingGeometry g;
   g.capacity = ShmRing::kMaxCapacity * 2;
