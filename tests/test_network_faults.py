@@ -61,7 +61,9 @@ def _start(nodes, tmp_path, readers, dead_reader, rate=200, seconds=30, **more):
     config = dict(handle=handle, n_reader=len(readers), address=nodes.addr["writer"], dead_reader=dead_reader,
                   rate=rate, seconds=seconds, **more)
     writer = Proc(nodes, "writer", "writer", json.dumps(config))
-    procs = {name: Proc(nodes, name, "reader", handle, rank) for rank, name in enumerate(readers)}
+    # keyed by node, or by "node/rank" for nodes with several readers (they share the node's relay)
+    procs = {name if readers.count(name) == 1 else f"{name}/{rank}": Proc(nodes, name, "reader", handle, rank)
+             for rank, name in enumerate(readers)}
     writer.next("ready")
     for p in procs.values():
         p.next("attached")
@@ -101,6 +103,29 @@ def test_a_partitioned_reader_node_fails_the_writer_naming_its_rank_and_nothing_
     assert end1["error"].startswith("ClosedError"), end1
     assert _in_order_once(end1["got"]) and len(end1["got"]) in (err["sent"], err["sent"] + 1), \
         (len(end1["got"]), err["sent"])
+
+
+def test_a_partitioned_node_behind_a_relay_fails_each_of_its_readers_and_the_writer_names_rank_and_node(nodes,
+                                                                                                      tmp_path):
+    writer, readers = _start(nodes, tmp_path, ["r0", "r0", "r1"], "raise")
+    time.sleep(0.5)
+    t_cut = time.monotonic()
+    nodes.cut("r0")
+    err = writer.next("error")
+    assert "DeadPeerError" in err["error"] and "node 'r0'" in err["error"], err
+    assert "rank 0" in err["error"] or "rank 1" in err["error"], err
+    assert err["t"] - t_cut < BOUND_S, f"the writer saw the partition after {err['t'] - t_cut:.1f} s"
+    for name in ("r0/0", "r0/1"):
+        end = readers[name].next("end")
+        assert end["error"].startswith("DeadPeerError"), (name, end)
+        assert end["t"] - t_cut < BOUND_S, f"{name} saw it after {end['t'] - t_cut:.1f} s"
+        assert _in_order_once(end["got"])
+        print(f"relayed node cut: writer's DeadPeerError after {err['t'] - t_cut:.2f} s, {name}'s after "
+              f"{end['t'] - t_cut:.2f} s")
+    assert writer.proc.wait(timeout=10) == 0
+    end1 = readers["r1"].next("end")
+    assert end1["error"].startswith("ClosedError"), end1
+    assert _in_order_once(end1["got"]) and len(end1["got"]) in (err["sent"], err["sent"] + 1)
 
 
 def test_drop_goes_on_for_the_others_and_a_link_back_within_the_bound_loses_nothing(nodes, tmp_path):

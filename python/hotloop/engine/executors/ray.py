@@ -69,7 +69,9 @@ class _Rank:
         else shared memory)."""
         _renice(niceness)
         self.runner = start_rank(rank, world_size, config, init_method, step_delay_s, device, backend)
-        self.bcast = MessageQueue.create_from_handle(bcast_handle, reader)
+        # Ranks on one Ray node share the broadcast's stream through that node's relay (named by Ray's node id).
+        self.bcast = MessageQueue.create_from_handle(bcast_handle, reader,
+                                                     node=ray.get_runtime_context().get_node_id())
         self.response = None
         if rank == 0:
             self.response = MessageQueue(1, 0 if response_ip else 1, max_chunk_bytes=STEP_CHUNK_BYTES,
