@@ -21,6 +21,8 @@ and each row is shown next to its floor from the same run, as a ratio:
 (e) periodic traffic (a message every 1, 5, 20 ms with +-20 % jitter): delivery latency (timestamp in the
     message -> reader has it) p50/p99 and reader CPU, for an always-spinning reader, an always-parking one, the
     default policy and the adaptive policy.
+(f) remote readers on two nodes, direct or through each node's relay (``relay_bench.py``): the writer's
+    throughput to k = 1, 2, 4, 8 remote ranks, and a 64 B round trip to a relayed rank.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import time
 
 import hotloop
 from hotloop import MessageQueue, WaitPolicy
+from hotloop.bench import relay_bench
 from hotloop.bench.report import Goal, Progress, Report, check_goals, fmt, median, percentile, summarize_us, table
 from hotloop.bench.spin_ring import SpinRing
 
@@ -604,7 +607,8 @@ def run(quick: bool = False, runs: int = 5):
     periodic_n = 60 if quick else 400
     periods = (0.001, 0.005, 0.020)
     peers, remote = _peers(), _remote_peers()
-    progress = Progress("bench queue", runs * (3 * len(peers) + len(remote)) + 2 + len(periods) * len(POLICIES))
+    progress = Progress("bench queue", runs * (3 * len(peers) + len(remote)) + 2 + len(periods) * len(POLICIES)
+                        + runs * (2 * len(relay_bench.KS) + len(relay_bench.RT_ARMS)))
     rt_runs = {(p.name, size): [] for p in peers for size in (SMALL, LARGE)}
     thr_runs = {p.name: [] for p in peers}
     remote_runs = {p.name: [] for p in remote}
@@ -630,6 +634,7 @@ def run(quick: bool = False, runs: int = 5):
         for pname, kw in POLICIES.items():
             progress.step(f"periodic {period * 1e3:.0f} ms {pname}")
             per[(period, pname)] = _periodic(period, kw, periodic_n)
+    relay_data, relay_tables = relay_bench.run(quick, runs, progress)
     progress.close()
 
     rows = []
@@ -713,7 +718,10 @@ def run(quick: bool = False, runs: int = 5):
         "large_message": bigr,
         "idle_reader_cpu_pct": idle_pct,
         "periodic": {f"{k[0] * 1e3:.0f}ms {k[1]}": v for k, v in per.items()},
+        **relay_data,
     }
+    for t in relay_tables:
+        text.append(t)
     data["goals"] = check_goals(goals(data), data)
     return data, text
 
@@ -732,6 +740,7 @@ def goals(data: dict) -> list[Goal]:
                     "msgs_per_s", ">=", 0.9, against=_SpinRing.name, unit="msg/s"))
     out.append(Goal("(r) remote round trip: hotloop p50 within 1.3x plain PUB/SUB", "remote_round_trip_us",
                     _HotloopRemote.name, "p50_us", "<=", 1.3, against=_PubSub.name, unit="us"))
+    out += relay_bench.goals(data)
     for spin in (k for k in data.get("periodic", {}) if k.endswith(" always spin")):
         period = spin[:-len(" always spin")]
         for policy in ("default (spin 20 us, yield 10 us)", "adaptive"):
