@@ -41,6 +41,22 @@ print("core ok")
     assert out.returncode == 0 and "core ok" in out.stdout, out.stderr
 
 
+def test_the_process_layer_stands_without_the_engine():
+    """hotloop.process is below the engine: it imports neither the engine nor torch."""
+    out = _child('''
+import hotloop.process.stage, hotloop.process.lifecycle
+from hotloop.process.messages import AbortRequest, ShutdownRequest, StageMessage, encoder
+import msgspec
+decoder = msgspec.msgpack.Decoder(StageMessage)
+assert decoder.decode(encoder.encode(AbortRequest(["r-1"]))) == AbortRequest(["r-1"])
+assert decoder.decode(encoder.encode(ShutdownRequest())) == ShutdownRequest()
+engine = sorted(m for m in sys.modules if m == "hotloop.engine" or m.startswith("hotloop.engine."))
+assert not engine, engine
+print("process ok")
+''')
+    assert out.returncode == 0 and "process ok" in out.stdout, out.stderr
+
+
 @pytest.mark.parametrize("module", ["hotloop.engine", "hotloop.orchestrator"])
 def test_what_needs_torch_says_what_to_install(module):
     out = _child(f'''

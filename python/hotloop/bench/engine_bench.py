@@ -12,8 +12,10 @@ driven by an AsyncEngineClient with the same workloads, repeated; figures are me
 - idle: engine process CPU (its workers included) while nothing is sent;
 - CPU per token: engine + worker CPU seconds over the decode workload / tokens generated.
 
-Ray rows (``engine_ray.py``, when Ray is installed and a loopback-only network namespace can be made): tp=2 on a
-simulated two-node Ray cluster, both ranks on one node and rank 1 on the second node, next to multiproc tp=2.
+Ray rows (when Ray is installed and a loopback-only network namespace can be made): tp=2 on a simulated two-node
+Ray cluster, both ranks on one node and rank 1 on the second node, next to multiproc tp=2; ``engine_ray.py`` runs
+them in the cluster's own process, started here by its module name. Both run the workloads of
+``engine_workloads.py``.
 
 Method notes: TTFT is measured at the client (send -> first token received); CPU from /proc (utime + stime).
 
@@ -26,106 +28,44 @@ hotloop mode); the multi-process executor's rank 0 waits on its own notifier bef
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
 import os
-import random
 import statistics
-import time
+import subprocess
+import sys
 
-from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, fmt, percentile, process_tree_cpu_seconds,
-                                   pyplot, table, time_stream)
+from hotloop.bench.engine_workloads import MODEL, one_engine
+from hotloop.bench.report import NO_PLOT, Progress, Report, cdf_panel, fmt, pyplot, table
 
 MODES = ("block", "poll", "hotloop")
 EXECUTORS = ("inprocess", "multiproc")
-MODEL = "small"
 
 
-async def _stream(client, prompt_len: int, max_tokens: int, seed: int):
-    """Send one request; return (ttft_s, [inter-token gaps s], tokens)."""
-    rng = random.Random(seed)
-    prompt = [rng.randrange(256) for _ in range(prompt_len)]
-    t0 = time.perf_counter()
-    first, gaps, outs = await time_stream(client.generate(prompt, max_tokens, ignore_eos=True), t0)
-    return first, gaps, sum(len(out.new_token_ids) for out in outs)
+def _ray_unavailable(device: str) -> str | None:
+    """Why the Ray rows cannot run here (None when they can)."""
+    from hotloop.testing import netns
+
+    if device != "cpu":
+        return "the simulated cluster runs the CPU model only"
+    if importlib.util.find_spec("ray") is None:
+        return "ray is not installed (pip install 'hotloop[ray]')"
+    return netns.unavailable()
 
 
-async def _arrivals(client, n: int):
-    t0 = time.perf_counter()
-    res = await asyncio.gather(*(_stream(client, 128, 8, i) for i in range(n)))
-    dt = time.perf_counter() - t0
-    ttft = [r[0] for r in res]
-    return {"req_per_s": n / dt, "ttft_p50_ms": percentile(ttft, 50) * 1e3, "ttft_p99_ms": percentile(ttft, 99) * 1e3}
+def _ray_results(p: dict) -> dict:
+    """Run the Ray rows in their cluster's process (engine_ray.py, in a loopback-only network namespace);
+    {(label, "hotloop"): (runs, idle)} as the other rows are kept."""
+    from hotloop.testing import netns
 
-
-async def _decode(client, n: int, out_len: int, cpu):
-    c0 = sum(cpu()[0].values())
-    t0 = time.perf_counter()
-    res = await asyncio.gather(*(_stream(client, 32, out_len, 1000 + i) for i in range(n)))
-    dt = time.perf_counter() - t0
-    tokens = sum(r[2] for r in res)
-    return {"tok_per_s": tokens / dt, "cpu_ms_per_token": (sum(cpu()[0].values()) - c0) * 1e3 / tokens}
-
-
-async def _single(client, out_len: int):
-    t0 = time.perf_counter()
-    _, _, n = await _stream(client, 32, out_len, 7)
-    return {"tok_per_s": n / (time.perf_counter() - t0)}
-
-
-async def _poisson(client, rate: float, seconds: float):
-    await client.stats()  # reset the engine's queue-wait record
-    rng = random.Random(11)
-    tasks = []
-    t_end = time.perf_counter() + seconds
-    i = 0
-    while time.perf_counter() < t_end:
-        tasks.append(asyncio.create_task(_stream(client, 32, 32, 2000 + i)))
-        i += 1
-        await asyncio.sleep(rng.expovariate(rate))
-    res = await asyncio.gather(*tasks)
-    stats = await client.stats()
-    gaps = [g for r in res for g in r[1]]
-    qw = stats.queue_wait_ns
-    return {"ttft_p99_ms": percentile([r[0] for r in res], 99) * 1e3, "itl_p99_ms": percentile(gaps, 99) * 1e3,
-            "queue_wait_p50_us": percentile(qw, 50) / 1e3, "queue_wait_p99_us": percentile(qw, 99) / 1e3,
-            "requests": len(res), "ttft_ms": [r[0] * 1e3 for r in res], "itl_ms": [g * 1e3 for g in gaps]}
-
-
-async def _idle(client, seconds: float, cpu):
-    await asyncio.sleep(0.2)
-    c0, t0 = cpu(), time.monotonic()
-    await asyncio.sleep(seconds)
-    c1, dt = cpu(), time.monotonic() - t0
-    pct = [{k: 100 * (v - before.get(k, 0.0)) / dt for k, v in now.items()} for now, before in zip(c1, c0)]
-    return {"idle_cpu_pct": sum(pct[0].values()), "idle_cpu_pct_by_process": pct[0], "idle_cpu_pct_other": pct[1]}
-
-
-def engine_tree_cpu(pid: int):
-    """The CPU counter of an engine whose ranks are its descendants: (the engine's processes, others) -> seconds."""
-    return lambda: ({"engine and workers": process_tree_cpu_seconds(pid)}, {})
-
-
-async def _one_engine(executor: str, mode: str, p: dict, progress: Progress, device: str, cpu_of=engine_tree_cpu,
-                      **engine_kwargs):
-    """`cpu_of(engine pid)`: a function returning ({the engine's processes: CPU s}, {other processes: CPU s})."""
-    from hotloop.engine.client import AsyncEngineClient
-
-    client = await AsyncEngineClient.start(MODEL, executor=executor, wait_mode=mode, max_num_seqs=64,
-                                           max_tokens_per_step=256, device=device, **engine_kwargs)
-    cpu = cpu_of(client.engine_pid)
-    try:
-        await _single(client, 8)  # warm-up
-        runs = []
-        for rep in range(p["repeats"]):
-            progress.step(f"{executor} {mode} repeat {rep + 1}")
-            r = {"arrivals": await _arrivals(client, p["arrivals"]),
-                 "decode": await _decode(client, p["decode_n"], p["decode_len"], cpu),
-                 "single": await _single(client, p["single_len"]),
-                 "poisson": await _poisson(client, p["rate"], p["poisson_s"])}
-            runs.append(r)
-        idle = await _idle(client, p["idle_s"], cpu)
-    finally:
-        await client.shutdown()
-    return runs, idle
+    child = netns.start([sys.executable, "-m", "hotloop.bench.engine_ray", json.dumps(p)], stdout=subprocess.PIPE,
+                        text=True)
+    out, _ = child.communicate()
+    if child.returncode != 0:
+        raise RuntimeError(f"the Ray rows' cluster process failed (exit code {child.returncode}); see its output "
+                           "above")
+    got = json.loads(out.strip().splitlines()[-1])
+    return {(label, "hotloop"): (runs, idle) for label, (runs, idle) in got.items()}
 
 
 def _med(runs, part, key):
@@ -175,13 +115,11 @@ def run(quick: bool = False, plot_path: str | None = "hotloop-bench-engine.png",
     results = {}
     for executor in EXECUTORS:
         for mode in MODES:
-            results[(executor, mode)] = asyncio.run(_one_engine(executor, mode, p, progress, device))
+            results[(executor, mode)] = asyncio.run(one_engine(executor, mode, p, progress, device))
     progress.close()
-    from hotloop.bench import engine_ray  # imports nothing of Ray until the rows run, in their own process
-
-    ray_missing = engine_ray.unavailable(device)
+    ray_missing = _ray_unavailable(device)
     if ray_missing is None:
-        results.update(engine_ray.results(p))
+        results.update(_ray_results(p))
 
     rows, data = [], {}
     for (executor, mode), (runs, idle) in results.items():

@@ -8,9 +8,11 @@ two-node Ray cluster (``ray.cluster_utils.Cluster``), next to the multiproc exec
 
 Every rank runs one torch thread (``OMP_NUM_THREADS=1``, what Ray gives an actor of one CPU).
 
-The cluster runs in a child process in a loopback-only network namespace (``hotloop.testing.netns``; root), so
-nothing leaves the machine; the child runs the same workloads as the other rows (``engine_bench._one_engine``)
-and prints its figures as JSON. The engine joins the cluster through ``$RAY_ADDRESS``.
+This module is the child process that runs them: ``python -m hotloop.bench.engine_ray '<params as JSON>'``, which
+``hotloop bench engine`` (engine_bench.py) starts in a loopback-only network namespace (``hotloop.testing.netns``;
+root), so nothing leaves the machine. It starts the cluster, runs the same workloads as the other rows
+(``engine_workloads.one_engine``) and prints its figures as JSON on its last line: {label: [runs, idle]}. The
+engine joins the cluster through ``$RAY_ADDRESS``.
 
 CPU: the engine's processes are the engine process's tree plus the ranks' Ray worker processes (found by their
 process title ``ray::_Rank``: children of the raylets, not of the engine); Ray's own daemons (GCS, raylets and
@@ -20,13 +22,12 @@ their helpers: every other process under the child) are reported apart, idle onl
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
-import subprocess
 import sys
 
-from hotloop.bench.report import cmdline, descendants, processes
+from hotloop.bench.engine_workloads import engine_tree_cpu, one_engine
+from hotloop.bench.report import Progress, cmdline, descendants, processes
 
 ROWS = {  # label -> engine arguments
     "multiproc tp=2": {"executor": "multiproc", "tp": 2},
@@ -35,31 +36,6 @@ ROWS = {  # label -> engine arguments
                                   "executor_options": {"placement_strategy": "STRICT_SPREAD"}},
 }
 RANK_TITLE = b"ray::_Rank"  # Ray names an actor's process after its class
-
-
-def unavailable(device: str) -> str | None:
-    """Why the Ray rows cannot run here (None when they can)."""
-    from hotloop.testing import netns
-
-    if device != "cpu":
-        return "the simulated cluster runs the CPU model only"
-    if importlib.util.find_spec("ray") is None:
-        return "ray is not installed (pip install 'hotloop[ray]')"
-    return netns.unavailable()
-
-
-def results(p: dict) -> dict:
-    """Run the rows in the child; {(label, "hotloop"): (runs, idle)} as engine_bench keeps them."""
-    from hotloop.testing import netns
-
-    child = netns.start([sys.executable, "-m", "hotloop.bench.engine_ray", json.dumps(p)], stdout=subprocess.PIPE,
-                        text=True)
-    out, _ = child.communicate()
-    if child.returncode != 0:
-        raise RuntimeError(f"the Ray rows' cluster process failed (exit code {child.returncode}); see its output "
-                           "above")
-    got = json.loads(out.strip().splitlines()[-1])
-    return {(label, "hotloop"): (runs, idle) for label, (runs, idle) in got.items()}
 
 
 def _cpu_of(engine_pid: int):
@@ -84,9 +60,6 @@ def _main(p: dict) -> None:
     netns.loopback_up()
     from ray.cluster_utils import Cluster
 
-    from hotloop.bench.engine_bench import _one_engine, engine_tree_cpu
-    from hotloop.bench.report import Progress
-
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     cluster.add_node(num_cpus=2)
     os.environ["RAY_ADDRESS"] = cluster.address  # the engine processes join it
@@ -100,7 +73,7 @@ def _main(p: dict) -> None:
             engine = dict(engine)
             executor = engine.pop("executor")
             cpu_of = _cpu_of if executor == "ray" else engine_tree_cpu
-            got[label] = asyncio.run(_one_engine(executor, "hotloop", p, progress, "cpu", cpu_of, **engine))
+            got[label] = asyncio.run(one_engine(executor, "hotloop", p, progress, "cpu", cpu_of, **engine))
     finally:
         progress.close()
         cluster.shutdown()

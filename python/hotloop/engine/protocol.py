@@ -2,7 +2,8 @@
 
 Client -> engine: ``AddRequest``, ``AbortRequest``, ``StatsRequest``, ``ShutdownRequest``. Engine -> client:
 ``OutputBatch`` (RequestOutputs: each one's newly generated tokens; ``finished`` with a ``FinishReason``; ``error``
-set for ERROR and ENGINE_DEAD) and ``StatsReport``.
+set for ERROR and ENGINE_DEAD) and ``StatsReport``. ``AbortRequest``, ``ShutdownRequest`` and ``encoder`` are every
+stage process's (hotloop.process.messages), re-exported here; ``client_decoder`` takes them with the engine's own.
 ``arrival_ns`` is stamped by the engine's input thread (time.monotonic_ns) when it receives the request.
 Structs do not check their fields when built: the clients check an AddRequest before sending it and the engine
 checks it again (``scheduler.check_request``: a str id, int token ids in the vocabulary, max_tokens >= 1, a finite
@@ -14,6 +15,8 @@ from __future__ import annotations
 import enum
 
 import msgspec
+
+from hotloop.process.messages import AbortRequest, ShutdownRequest, encoder  # noqa: F401  (re-exported)
 
 
 class FinishReason(str, enum.Enum):
@@ -37,16 +40,8 @@ class AddRequest(msgspec.Struct, array_like=True, tag="add"):
     arrival_ns: int = 0
 
 
-class AbortRequest(msgspec.Struct, array_like=True, tag="abort"):
-    request_ids: list[str]
-
-
 class StatsRequest(msgspec.Struct, array_like=True, tag="stats?"):
     """Ask the engine for its counters (answered with a StatsReport on the output stream)."""
-
-
-class ShutdownRequest(msgspec.Struct, array_like=True, tag="shutdown"):
-    pass
 
 
 class RequestOutput(msgspec.Struct, array_like=True):
@@ -71,6 +66,5 @@ class StatsReport(msgspec.Struct, array_like=True, tag="stats"):
 ClientMessage = AddRequest | AbortRequest | StatsRequest | ShutdownRequest
 EngineMessage = OutputBatch | StatsReport
 
-encoder = msgspec.msgpack.Encoder()
 client_decoder = msgspec.msgpack.Decoder(ClientMessage)
 engine_decoder = msgspec.msgpack.Decoder(EngineMessage)

@@ -16,9 +16,10 @@ import signal
 
 import msgspec
 
+from hotloop.engine.protocol import FinishReason
 from hotloop.process.lifecycle import die_with_parent
+from hotloop.process.messages import AbortRequest, ShutdownRequest, StageMessage, encoder
 from hotloop.process.stage import connect_to_client
-from hotloop.engine.protocol import AbortRequest, FinishReason, ShutdownRequest
 
 log = logging.getLogger("hotloop.orchestrator.vocoder")
 
@@ -44,10 +45,9 @@ class TransformBatch(msgspec.Struct, array_like=True, tag="tout"):
     outputs: list[TransformOutput]
 
 
-TransformInput = TransformChunk | AbortRequest | ShutdownRequest
+TransformInput = TransformChunk | StageMessage  # its own chunks, and the abort and shutdown every stage takes
 input_decoder = msgspec.msgpack.Decoder(TransformInput)
 output_decoder = msgspec.msgpack.Decoder(TransformBatch)
-encoder = msgspec.msgpack.Encoder()
 
 
 class Vocoder:

@@ -1,5 +1,6 @@
 """A stage process: the engine process, or any other stage of a pipeline (the orchestrator's transform stage),
-started by its client and talked to over two ZeroMQ sockets (requests out, outputs in), msgpack-encoded.
+started by its client and talked to over two ZeroMQ sockets (requests out, outputs in), msgpack-encoded. Every
+stage takes the messages of process/messages.py (abort, shut down) beside its own.
 
 Contract (client side, ``StageProcess``): binds the outputs socket (PULL) in a private directory, starts
 ``target(in_addr, out_addr, kwargs, parent_pid, ready_conn)`` in a spawned process and waits for it to send its
@@ -22,9 +23,9 @@ import tempfile
 import zmq
 import zmq.asyncio
 
-from hotloop.engine.protocol import AbortRequest, ShutdownRequest, encoder
 from hotloop.errors import EngineDeadError
 from hotloop.process.lifecycle import stop_processes
+from hotloop.process.messages import AbortRequest, ShutdownRequest, encoder
 
 CTX = mp.get_context("spawn")
 
