@@ -129,7 +129,7 @@ class Relay:
                 msg = stream.read(None)
                 if self.relayed == 0:
                     self._seal()
-                ring.write([msg], None, _WRITE_POLICY)
+                ring.write(msg, None, _WRITE_POLICY)  # the frames' buffers: copied once, into the ring
                 self.relayed += 1
         except ClosedError:
             if stream.closed:  # close(): this process is leaving; the node's other readers lose their relay
@@ -185,7 +185,7 @@ def attach(handle, rank: int, node: str, policy: WaitPolicy | None):
     try:
         if ring is not None:
             stream = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_server_key, keys,
-                                      handle.remote_hwm, topic=node_topic(node))
+                                      handle.remote_hwm, topic=node_topic(node), as_parts=True)
             relay = Relay(ring, final, stream, rank, node)
         reader = _core.ShmRing.attach(final, slot, capacity, n_remote)
     except BaseException:

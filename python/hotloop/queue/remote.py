@@ -571,9 +571,12 @@ class RemoteSubscriber:
     DEFAULT_POLICY = WaitPolicy(spin_us=0, yield_us=0)
 
     def __init__(self, address: str, rank: int, queue_name: str, server_public: bytes,
-                 client_keys: tuple[bytes, bytes], hwm: int = 1000, topic: bytes | None = None):
+                 client_keys: tuple[bytes, bytes], hwm: int = 1000, topic: bytes | None = None,
+                 as_parts: bool = False):
         """Reader `rank`'s data connection; `topic` is what it tells the writer it is (default: the rank's own
-        topic; a node's relay passes the node's)."""
+        topic; a node's relay passes the node's). `as_parts`: read() returns each message as the list of its
+        frames' buffers, uncopied (a node's relay writes them into its ring as they are)."""
+        self._as_parts = as_parts
         self.name = queue_name
         self.address = address
         self._owner_pid = os.getpid()
@@ -772,7 +775,7 @@ class RemoteSubscriber:
             return
         frame = sock.recv(zmq.NOBLOCK, copy=False)
         if not frame.more:  # a message of one part
-            self._pending = bytearray(frame)
+            self._pending = [frame.buffer] if self._as_parts else bytearray(frame)
             return
         frames = [frame]
         while frames[-1].more:  # the rest of a multipart message is there already (ZeroMQ delivers it whole)
@@ -784,6 +787,9 @@ class RemoteSubscriber:
         if kind != KIND_MESSAGE:
             raise ValueError(f"queue {self.name}: corrupt frame kind {kind!r} from {self.address}; "
                              "is another program publishing on this port?")
+        if self._as_parts:
+            self._pending = [f.buffer for f in frames[1:]]
+            return
         size = sum(len(f.buffer) for f in frames[1:])
         msg = bytearray(size)
         off = 0
