@@ -8,7 +8,9 @@ Contract:
   ``detected_s`` when its survivors raise their errors), or SIGSTOPs it for 0.1-2 s and SIGCONTs it (only if its
   pid still names the same process), or sends garbage to a queue port.
 - ``send_garbage`` connects to a publisher as a stranger (raw TCP bytes, then ZeroMQ sockets of several types
-  with random frames) and closes everything before it returns; it refuses any host but loopback.
+  with random frames) and closes everything before it returns; it refuses any host but loopback, unless it runs
+  on a simulated node (``hotloop soak --network``: a spawned process joins the publisher's node first, so the
+  junk still never leaves the machine).
 - The driver may sleep between chaos events; nothing here is on a data path.
 """
 
@@ -22,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hotloop.soak.process import LOOPBACK, _log, _start_time, send_signal
+from hotloop.soak.process import CTX, LOOPBACK, _die_with_parent, _log, _start_time, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.report import Report
@@ -46,6 +48,7 @@ class Target:
     pid: int = 0
     kill: object = None  # callable(): SIGKILL it (and record the Kill); None: not killable
     address: str | None = None  # a queue publisher's tcp://ip:port: garbage goes there
+    netns: str | None = None  # the simulated node the publisher is on (None: loopback)
 
 
 class Chaos:
@@ -104,19 +107,45 @@ class Chaos:
         self._did("garbage to a queue port")
         _log(f"chaos: garbage to {target.label}")
         try:
-            await asyncio.to_thread(send_garbage, target.address, seed)
+            if target.netns is None:
+                await asyncio.to_thread(send_garbage, target.address, seed)
+            else:
+                await asyncio.to_thread(_garbage_from_node, target.netns, target.address, seed)
         except Exception as e:
             self.report.finding("chaos", f"sending garbage to {target.address} failed in the soak: {e!r}")
 
 
-def send_garbage(address: str, seed: int) -> None:
+def _garbage_from_node(netns: str, address: str, seed: int) -> None:
+    """send_garbage from a process on the publisher's simulated node (the soak's own namespace cannot reach it)."""
+    p = CTX.Process(target=_garbage_main, args=(netns, address, seed), name="soak-garbage", daemon=True)
+    p.start()
+    p.join(60)
+    if p.exitcode is None:
+        p.kill()
+        p.join()
+        raise RuntimeError("sending garbage from the node took over 60 s")
+    if p.exitcode != 0:
+        raise RuntimeError(f"sending garbage from the node failed (exit code {p.exitcode})")
+
+
+def _garbage_main(netns: str, address: str, seed: int) -> None:
+    _die_with_parent()
+    from hotloop.testing.netns import join
+
+    join(netns)
+    send_garbage(address, seed, on_node=True)
+
+
+def send_garbage(address: str, seed: int, on_node: bool = False) -> None:
     """Connect to a queue's publisher as a stranger and send junk: raw TCP bytes, then ZeroMQ sockets of several
-    types with random frames (subscriptions, unsubscriptions, bytes). Everything is closed before returning."""
+    types with random frames (subscriptions, unsubscriptions, bytes). Everything is closed before returning.
+    on_node: this process is on a simulated node, where any address stays on the machine."""
     import zmq
 
     rng = random.Random(seed)
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
-    assert host == LOOPBACK, f"garbage must stay on loopback, not {host}"
+    if host != LOOPBACK and not on_node:
+        raise ValueError(f"garbage must stay on loopback (or a simulated node), not {host}")
     try:
         with socket.create_connection((host, int(port)), timeout=2) as s:
             s.sendall(rng.randbytes(rng.randrange(1, 4096)))

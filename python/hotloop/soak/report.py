@@ -7,6 +7,10 @@ Contract:
 - ``build`` turns the run into a record: rows ``(section, name, value, must_be_zero)``, the kill-to-error
   percentiles per kind against the goal, the leaks, and ``ok`` (every must-be-0 row is 0, and the goal is met or
   not failed on). ``render`` formats a record as the table printed on stdout.
+- With ``--network`` (``net`` given: the ``NetFault``s and the partition bound), a section per fault kind:
+  injected, detected (a partition: DeadPeerError in the writer and in the cut-off reader; any other kind must
+  raise nothing), detected after the bound, errors, lost / duplicated / out of order / hung, and the segments,
+  processes and descriptors its generations left; and the fault-to-error percentiles per kind and side.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ class Report:
             _log(f"FINDING [{area}] {what}")
 
     def build(self, cfg: dict, groups: list[QueueGroup], engine: EngineLoad, orch: OrchestratorLoad, chaos: Chaos,
-              leaks: dict, goal_s: float, fail_on_goal: bool) -> dict:
+              leaks: dict, goal_s: float, fail_on_goal: bool, net: dict | None = None) -> dict:
         rows = []  # (section, name, value, must_be_zero)
 
         def row(section, name, value, zero=False):
@@ -57,6 +61,8 @@ class Report:
                 row(sec, "corrupt or foreign", t.bad, True)
                 if rank >= g.n_local:
                     row(sec, "in flight when its writer was killed (documented)", t.inflight_at_writer_kill)
+                if rank >= g.n_local and g.nodes is not None:
+                    row(sec, "sent after its node was cut off (never delivered)", t.cut_off_tail)
         row("queue", "generations", sum(g.generations for g in groups))
         row("queue", "messages sent (all writers)", sum(g.sent for g in groups))
         row("queue", "unexpected errors", self.counts.get("queue unexpected errors", 0), True)
@@ -94,6 +100,7 @@ class Report:
         row("leaks", "child processes", len(leaks["children"]), True)
         row("leaks", "file descriptors", len(leaks["fds"]), True)
         row("leaks", "threads (informational)", len(leaks["threads"]))
+        fault_latency = self._network_rows(row, net) if net is not None else {}
         zero_fail = [r for r in rows if r["must_be_zero"] and r["value"]]
         worst = latency["all"]["max"]
         goal_missed = worst is not None and worst > goal_s
@@ -103,7 +110,42 @@ class Report:
                 "kills": [{"kind": k.kind, "label": k.label, "pid": k.pid, "detected_s": k.detected_s,
                            "note": k.note} for k in self.kills],
                 "findings": self.findings, "leaks": leaks, "ok": ok,
-                "engine": engine.tally.as_dict(), "orchestrator": orch.tally.as_dict()}
+                "engine": engine.tally.as_dict(), "orchestrator": orch.tally.as_dict(),
+                **({} if net is None else {
+                    "network_fault_to_error_s": fault_latency, "network_bound_s": net["bound_s"],
+                    "network_faults": [{k: v for k, v in f.__dict__.items() if k != "pids"} for f in net["faults"]]})}
+
+    @staticmethod
+    def _network_rows(row, net: dict) -> dict:
+        """The rows of each network fault kind; returns the fault-to-error percentiles per kind and side."""
+        from hotloop.soak.network_chaos import KINDS, PARTITION
+
+        bound = net["bound_s"]
+        latency = {}
+        for kind in KINDS:
+            faults = [f for f in net["faults"] if f.kind == kind]
+            sec = f"network: {kind}"
+            row(sec, "injected", len(faults))
+            if kind == PARTITION:
+                both = [f for f in faults if {"writer", "reader"} <= f.detected_s.keys()]
+                row(sec, "detected (DeadPeerError in the writer and the reader)", len(both))
+                row(sec, "not detected at both ends", len(faults) - len(both), True)
+                row(sec, f"detected after the bound ({bound:g} s)",
+                    sum(1 for f in faults if any(s > bound for s in f.detected_s.values())), True)
+                for side in ("writer", "reader"):
+                    latency[f"{kind}: {side}"] = percentiles([f.detected_s[side] for f in faults
+                                                              if side in f.detected_s])
+            else:
+                row(sec, "detected (raised an error)", sum(1 for f in faults if f.detected_s or f.errors), True)
+            row(sec, "errors", sum(len(f.errors) for f in faults), True)
+            row(sec, "lost", sum(f.lost for f in faults), True)
+            row(sec, "duplicated", sum(f.dup for f in faults), True)
+            row(sec, "out of order", sum(f.ooo for f in faults), True)
+            row(sec, "processes hung", sum(f.hung for f in faults), True)
+            row(sec, "leaked segments", sum(f.leaked_segments for f in faults), True)
+            row(sec, "leaked processes", sum(f.leaked_processes for f in faults), True)
+            row(sec, "descriptors left open after close()", sum(f.fds_left for f in faults), True)
+        return latency
 
     @staticmethod
     def render(rec: dict) -> str:
@@ -127,6 +169,12 @@ class Report:
         goal = rec["goal_s"]
         verdict = "missed" if rec["goal_missed"] else "met"
         lines.append(f"  goal: max <= {goal:g} s: {verdict}{'' if rec['fail_on_goal'] else ' (reported, not failed on)'}")
+        if "network_fault_to_error_s" in rec:
+            lines.append(f"\nnetwork fault to DeadPeerError (s){'':<19}{'n':>4} {'p50':>8} {'p99':>8} {'max':>8}")
+            for kind, p in rec["network_fault_to_error_s"].items():
+                lines.append(f"  {kind:<50} {p['n']:>4} {f(p['p50']):>8} {f(p['p99']):>8} {f(p['max']):>8}")
+            lines.append(f"  bound: max <= {rec['network_bound_s']:g} s (HOTLOOP_PEER_TIMEOUT_S + slack); the other "
+                         f"kinds raise nothing")
         if rec["findings"]:
             uniq = list(dict.fromkeys(f"[{x['area']}] {x['what']}" for x in rec["findings"]))
             lines.append(f"\nfindings ({len(rec['findings'])}, {len(uniq)} distinct):")
