@@ -1,4 +1,5 @@
-"""``hotloop soak --minutes 1``: the whole stack under chaos for a minute; every must-be-0 row of its record is 0."""
+"""``hotloop soak --minutes 1``: the whole stack under chaos for a minute; every must-be-0 row of its record is 0.
+``hotloop soak --network``: the same with the queues on simulated nodes under network faults (root only)."""
 
 import json
 import subprocess
@@ -25,3 +26,33 @@ def test_one_minute_soak_loses_duplicates_hangs_and_leaks_nothing(tmp_path):
     nonzero = {f"{r['section']}: {r['name']}": r["value"] for r in rec["rows"] if r["must_be_zero"] and r["value"]}
     assert nonzero == {}, f"must-be-0 rows are not 0: {nonzero}\n{table}"
     assert rec["ok"] or rec["goal_missed"], table  # a missed kill-to-error goal is reported, not asserted here
+
+
+def test_network_soak_detects_every_partition_within_the_bound_and_loses_nothing(tmp_path):
+    """``hotloop soak --network`` for 45 s, a network fault every ~2 s (the first ones cover every kind): each
+    partition is seen by the writer and the cut-off reader within the bound; a short cut, 2 % loss and 20 ms delay
+    lose, duplicate, reorder, hang and leak nothing."""
+    from hotloop.testing.netns import Nodes
+
+    if Nodes.unavailable():
+        pytest.skip(Nodes.unavailable())
+    record = tmp_path / "soak.json"
+    proc = subprocess.run([sys.executable, "-m", "hotloop.cli", "soak", "--network", "--minutes", "0.75", "--seed",
+                           "2", "--network-interval-s", "2", "--json", str(record)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=300)
+    assert record.exists(), f"no record (exit code {proc.returncode}):\n{proc.stderr[-4000:]}"
+    rec = json.loads(record.read_text())
+    table = proc.stdout
+    rows = {f"{r['section']}: {r['name']}": r["value"] for r in rec["rows"]}
+    nonzero = {f"{r['section']}: {r['name']}": r["value"] for r in rec["rows"] if r["must_be_zero"] and r["value"]}
+    assert nonzero == {}, f"must-be-0 rows are not 0: {nonzero}\n{table}"
+    for kind in ("partition", "short cut", "2 % loss", "delay 20 ms +- 5 ms"):
+        assert rows[f"network: {kind}: injected"] >= 1, f"no {kind!r} injected\n{table}"
+    partitions = [f for f in rec["network_faults"] if f["kind"] == "partition"]
+    bound = rec["network_bound_s"]
+    for f in partitions:
+        assert set(f["detected_s"]) == {"writer", "reader"}, f
+        assert max(f["detected_s"].values()) <= bound, f
+    for f in rec["network_faults"]:  # every fault's generation ended with its processes' descriptors counted
+        assert f["fds_left"] == 0 and f["fds_reported"] >= 1, f
+    assert rows["queue: messages sent (all writers)"] > 0, table

@@ -142,9 +142,20 @@ def cmd_soak(args) -> int:
     if _torch_version() is None:
         print(f"hotloop soak: runs an engine and an orchestrator, which need PyTorch; {NO_TORCH}", file=sys.stderr)
         return 2
+    if args.network:
+        from hotloop.testing.netns import Nodes
+
+        why = Nodes.unavailable()
+        if why:
+            print(f"hotloop soak --network: {why}", file=sys.stderr)
+            return 2
+    if args.network_interval_s <= 0:
+        print(f"hotloop soak: --network-interval-s must be > 0, got {args.network_interval_s:g}", file=sys.stderr)
+        return 2
     from hotloop.soak import run
 
-    return run(args.minutes, args.seed, args.json, args.goal_s, not args.no_fail_on_goal)
+    return run(args.minutes, args.seed, args.json, args.goal_s, not args.no_fail_on_goal, args.network,
+               args.network_interval_s)
 
 
 def main(argv=None) -> int:
@@ -173,6 +184,12 @@ def main(argv=None) -> int:
     s.add_argument("--json", metavar="PATH", help="also write the record as JSON")
     s.add_argument("--goal-s", type=float, default=1.0, help="kill-to-error goal in seconds (max; default 1)")
     s.add_argument("--no-fail-on-goal", action="store_true", help="report the kill-to-error goal, do not fail on it")
+    s.add_argument("--network", action="store_true",
+                   help="run the queues' writers and remote readers on simulated nodes (network namespaces; needs "
+                   "root, iproute2 and nftables) and inject network faults on the readers' nodes: partitions "
+                   "longer than the peer timeout, short cuts, 2 %% loss, 20 ms +- 5 ms delay")
+    s.add_argument("--network-interval-s", type=float, default=8.0,
+                   help="mean seconds between network faults (default 8; the first faults cover every kind)")
     s.set_defaults(fn=cmd_soak)
     args = parser.parse_args(argv)
     return args.fn(args)

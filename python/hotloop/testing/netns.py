@@ -8,8 +8,11 @@
 - :class:`Nodes`: named network namespaces ("nodes"), each joined to the first by its own veth pair with an
   address in 10.<n>.0.0/24, so the only traffic between them crosses links the test owns. ``cut(node)`` drops
   every packet in and out of a node (an nftables drop-all table: a partition, no process is told),
-  ``lose(node, percent)`` drops that share of them at random, ``heal(node)`` removes either; ``popen(node, argv)`` starts a process on a node (``HOTLOOP_NODE_ID`` set to its name). ``Nodes.unavailable()`` says why they cannot be
-  made here (root, iproute2's ``ip``, Debian's ``nftables``). Everything is removed on ``close()``.
+  ``lose(node, percent)`` drops that share of them at random, ``heal(node)`` removes either;
+  ``popen(node, argv)`` starts a process on a node (``HOTLOOP_NODE_ID`` set to its name); a process started
+  otherwise (multiprocessing's spawn) moves itself onto one with ``join(nodes.path(node))`` before it opens any
+  socket (``HOTLOOP_NODE_ID`` set to the node's namespace). ``Nodes.unavailable()`` says why they cannot be made
+  here (root, iproute2's ``ip``, Debian's ``nftables``). Everything is removed on ``close()``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,26 @@ def loopback_up() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         flags = struct.unpack(_IFREQ, fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0)))[1]
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def join(path: str) -> None:
+    """Move this process's calling thread into the network namespace at ``path`` (``Nodes.path``), and name the
+    process's node after it (``HOTLOOP_NODE_ID``: the simulated nodes share ``/dev/shm`` and the boot id, and a
+    queue's readers on different nodes must not share a relay). Call it first in a child, before any socket or
+    thread exists. Needs CAP_SYS_ADMIN (root)."""
+    os.environ["HOTLOOP_NODE_ID"] = os.path.basename(path)
+    import ctypes
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot join the network namespace {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def interfaces() -> list[str]:
@@ -105,6 +128,10 @@ class Nodes:
         except BaseException:
             self.close()
             raise
+
+    def path(self, node: str) -> str:
+        """The node's namespace file, for ``join``."""
+        return f"/run/netns/{self.ns[node]}"
 
     def popen(self, node: str, argv: list[str], **kwargs) -> subprocess.Popen:
         """``argv`` on ``node``, with ``HOTLOOP_NODE_ID`` set to the node's name: the simulated nodes share this
