@@ -47,7 +47,7 @@ class Soak:
         rng = random.Random(seed)
         self.nodes = self.net_chaos = None
         if network:
-            from hotloop.remote_queue import peer_timeout_s
+            from hotloop.queue.remote import peer_timeout_s
             from hotloop.soak.nodes import SoakNodes
 
             self.bound_s = peer_timeout_s() + BOUND_SLACK_S
