@@ -114,20 +114,21 @@ if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
   # vLLM's engine tests start engines (each start mostly imports and waits: it keeps about a quarter of the two
   # cores busy) and check their timings in tenths of seconds and more. They run after the rest of the suite,
   # whose timing checks are in milliseconds and which runs alone, beside the other releases' engine tests
-  # (scripts/test_vllm_versions.sh test, in the background; its output is shown once both are done).
+  # (scripts/test_vllm_versions.sh test): 0.30.0's, the longest (vllm-omni's too), in the background, its output
+  # shown once it is done; 0.31.0's here after 0.32.0's.
   engine_tests=(test_vllm_plugin.py test_vllm_loop.py test_vllm_omni.py)
   suite "${engine_tests[@]/#/--ignore=}" "$root/tests"
-  step "vLLM's engine tests: 0.32.0 here, 0.30.0 and 0.31.0 beside them"
-  bash "$root/scripts/test_vllm_versions.sh" test >"$root/build/vllm-versions-test.log" 2>&1 &
+  step "vLLM's engine tests: 0.32.0 then 0.31.0 here, 0.30.0 beside them"
+  VLLM_VERSIONS=0.30.0 bash "$root/scripts/test_vllm_versions.sh" test >"$root/build/vllm-0.30.0-test.log" 2>&1 &
   versions_test=$!
-  engine_rc=0
-  suite "${engine_tests[@]}" || engine_rc=$?
-  versions_rc=0
-  wait "$versions_test" || versions_rc=$?
-  echo "== vLLM's other releases (scripts/test_vllm_versions.sh test; at ${SECONDS} s)"
-  cat "$root/build/vllm-versions-test.log"
-  [ "$engine_rc" = 0 ] && [ "$versions_rc" = 0 ] || {
-    echo "vLLM's engine tests failed: here (0.32.0) with exit code $engine_rc, the other releases' with $versions_rc"
+  rc_032=0 rc_031=0 rc_030=0
+  suite "${engine_tests[@]}" || rc_032=$?
+  VLLM_VERSIONS=0.31.0 bash "$root/scripts/test_vllm_versions.sh" test || rc_031=$?
+  wait "$versions_test" || rc_030=$?
+  echo "== vLLM 0.30.0 (scripts/test_vllm_versions.sh test, in the background; done at ${SECONDS} s)"
+  cat "$root/build/vllm-0.30.0-test.log"
+  [ "$rc_032$rc_031$rc_030" = 000 ] || {
+    echo "vLLM's engine tests failed (exit codes: 0.32.0 $rc_032, 0.31.0 $rc_031, 0.30.0 $rc_030)"
     exit 1
   }
 else
