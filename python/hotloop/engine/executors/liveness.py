@@ -15,8 +15,9 @@ Contract:
   reported: that rank's process ended, which the caller learns from its supervisor with the reason.
   ``close()`` wakes and joins the thread and closes every descriptor; idempotent.
 - Only the token ever travels on a link (engine to rank); nothing received is interpreted.
-- The timers are the remote queue's (``remote_queue._keepalive``): keepalive probes every second on the idle link,
-  dropped after ``peer_timeout_s() - 1`` unanswered ones, and ``TCP_USER_TIMEOUT`` for data left unacknowledged.
+- The timers are the remote queue's (``hotloop.queue.remote._keepalive``): keepalive probes every second on the
+  idle link, dropped after ``peer_timeout_s() - 1`` unanswered ones, and ``TCP_USER_TIMEOUT`` for data left
+  unacknowledged.
   A busy process is never taken for a lost one: its kernel answers the probes.
 """
 
@@ -29,7 +30,7 @@ import select
 import socket
 import threading
 
-from hotloop.remote_queue import peer_timeout_s
+from hotloop.queue.remote import peer_timeout_s
 
 HANDSHAKE_TIMEOUT_S = 5.0  # a connection that does not present the token within this long is closed
 
