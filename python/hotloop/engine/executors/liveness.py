@@ -7,8 +7,8 @@ Contract:
 
 - The rank's end: ``listen(ip)`` gives a listening socket on `ip`; ``hold(listener, token, timeout, on_lost)``
   (for a daemon thread) accepts the first connection that presents `token` within `timeout` (others are closed
-  unread), then blocks on it and calls ``on_lost(why)`` once it ends, however: the engine closed it or died, or
-  its node went unanswered for the peer timeout.
+  unread), then blocks on it and calls ``on_lost(why)`` once it ends, however: ``why`` is None when the engine
+  closed it (its shutdown, or its process ended), else what happened (its node unanswered for the peer timeout).
 - The engine's end: ``LinkWatcher(on_lost)``; ``connect(rank, ip, port, token, timeout)`` opens rank's link;
   ``start()`` runs one thread that blocks in ``poll`` on every link and a wake-up pipe (no timer) and calls
   ``on_lost(rank, why)`` when a link times out or becomes unreachable. A link closed or reset by its peer is not
@@ -79,9 +79,9 @@ def hold(listener: socket.socket, token: bytes, timeout: float, on_lost) -> None
     try:
         while conn.recv(4096):
             pass
-        why = "the engine closed it"
+        why = None
     except OSError as e:
-        why = "the engine's process ended" if e.errno == errno.ECONNRESET else _lost(e, "the engine's")
+        why = None if e.errno == errno.ECONNRESET else _lost(e, "the engine's")
     conn.close()
     on_lost(why)
 

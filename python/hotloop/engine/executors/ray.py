@@ -109,10 +109,11 @@ class _Rank:
             self.bcast.close()
 
 
-def _exit_without_engine(why: str) -> None:
-    """A rank that lost its engine ends its process: it may be blocked in a collective with a rank that is cut off
-    too, and nobody else can reach it to stop it."""
-    print(f"hotloop rank (pid {os.getpid()}): lost the engine's link ({why}); exiting", flush=True)
+def _exit_without_engine(why: str | None) -> None:
+    """A rank whose engine is gone or closed its link ends its process: it may be blocked in a collective with a
+    rank that is cut off too, and nobody else can reach it to stop it."""
+    if why is not None:
+        print(f"hotloop rank (pid {os.getpid()}): lost the engine ({why}); exiting", flush=True)
     os._exit(1)
 
 
