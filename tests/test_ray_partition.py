@@ -72,7 +72,8 @@ def _tcp_ports(fd: str) -> tuple[int, int] | None:
 def _left_open(before: set, hotloop_ports: set) -> dict:
     """Descriptors opened since `before` and still open, but for Ray's own TCP connections (its client pools keep
     connections to the ranks' workers and raylets, not the engine's to close): any other kind, or a TCP socket on
-    one of `hotloop_ports` (the broadcast queue's and the liveness links')."""
+    one of `hotloop_ports` (the broadcast queue's and the liveness links'). A socket in no TCP table (a connection
+    torn down, its descriptor not yet closed) counts as left."""
     left = {}
     for fd in set(os.listdir("/proc/self/fd")) - before:
         try:
@@ -118,11 +119,16 @@ def _partition_round():
             if o.finished:
                 ended[o.request_id] = [o.finish_reason, o.error, time.monotonic()]
     loop.join(60)
-    deadline = time.monotonic() + 10  # a killed process exits asynchronously
-    while (alive := [p for p in pids if os.path.exists(f"/proc/{p}")]) and time.monotonic() < deadline:
+    # a killed process exits asynchronously; Ray's client closes a connection it found broken in its own time
+    deadline = time.monotonic() + 10
+    while True:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        left = _left_open(fds, ports)
+        if not (alive or left) or time.monotonic() > deadline:
+            break
         time.sleep(0.05)
     _say(ended=ended, failure=failure[:-1], loop_ended=failure[-1] if not loop.is_alive() else None,
-         nodes=nodes, processes=alive, segments=sorted(_shm([os.getpid(), *pids])), fds=_left_open(fds, ports))
+         nodes=nodes, processes=alive, segments=sorted(_shm([os.getpid(), *pids])), fds=left)
 
 
 def _drive(address: str):
