@@ -16,17 +16,27 @@ Contract:
   rank 0 answers on a queue of its own, shared memory when it is on the driver's node, TCP from its node's Ray
   address otherwise. torch.distributed meets at rank 0's node address (gloo on the CPU, NCCL on CUDA). The
   engine waits on the response reader and the ``failed`` flag in its one ``wait_any``.
-- Supervision: a thread blocks in ``ray.wait`` on the actors' ``run`` futures (no timer). Ray resolves a future
-  with an error when the actor's process or node dies or the rank raises, and the executor fails naming the
-  rank, its node id and address; measured on a simulated cluster: 20 ms after an actor's SIGKILL, at once after
-  a node is removed.
+- Supervision: a thread blocks on the actors' ``run`` futures (no timer). Ray resolves a future with an error when
+  the actor's process or node dies or the rank raises, and the executor fails naming the rank, its node id and
+  address; measured on a simulated cluster: 20 ms after an actor's SIGKILL, at once after a node is removed.
+- Partitions: Ray learns of a node that stopped answering only from its health checks (~15 s by default), so each
+  rank also holds a liveness link with the engine (liveness.py: one idle TCP connection, the kernel's keepalive
+  timers set from ``HOTLOOP_PEER_TIMEOUT_S``, default 3 s). A link that times out fails the executor naming the
+  rank and its node (measured 2.3-3.1 s from the cut to every request's error); a rank whose link to the engine
+  is lost ends its own process, wherever it is blocked (a gloo all-reduce with the lost peer would wait for
+  gloo's timeout, 30 min by default). gloo's timeout is left alone: it also bounds waits for a rank that is only
+  slow, and it would fail a collective, not name the rank that was cut off.
 - ``shutdown()``: the broadcast queue's shutdown ends every rank's loop (each closes its queues), then the actors
-  are killed and the placement group removed; no actor, process or /dev/shm segment is left.
+  are killed and the placement group removed; no actor, process or /dev/shm segment is left. After a failure
+  the actors are killed at once (a rank may be blocked in a collective with the lost one), and the futures of
+  ranks that stopped answering are not waited for (Ray resolves them only when it gives up on their node).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import secrets
 import socket
 import threading
 
@@ -39,6 +49,7 @@ from ray.util.placement_group import (NODE_ID_LABEL_KEY, placement_group, placem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hotloop import MessageQueue
+from hotloop.engine.executors import liveness
 from hotloop.engine.executors.worker import serve_steps, start_rank
 from hotloop.engine.executors.worker_group import STEP_CHUNK_BYTES, WorkerGroupExecutor
 from hotloop.engine.model import ModelConfig
@@ -56,6 +67,14 @@ class _Rank:
     def where(self) -> tuple[int, str, str]:
         """(pid, Ray node id, node address) of this rank."""
         return os.getpid(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+    def hold_engine_link(self, token: bytes, timeout: float) -> int:
+        """Listen for the engine's liveness link on this node's address (its port returned); once the link is lost,
+        this process exits, wherever its threads are blocked (see liveness)."""
+        listener = liveness.listen(ray.util.get_node_ip_address())
+        threading.Thread(target=liveness.hold, args=(listener, token, timeout, _exit_without_engine),
+                         name="hotloop-engine-link", daemon=True).start()
+        return listener.getsockname()[1]
 
     def free_port(self) -> int:
         with socket.socket() as s:
@@ -88,6 +107,14 @@ class _Rank:
             if self.response is not None:
                 self.response.close()
             self.bcast.close()
+
+
+def _exit_without_engine(why: str | None) -> None:
+    """A rank whose engine is gone or closed its link ends its process: it may be blocked in a collective with a
+    rank that is cut off too, and nobody else can reach it to stop it."""
+    if why is not None:
+        print(f"hotloop rank (pid {os.getpid()}): lost the engine ({why}); exiting", flush=True)
+    os._exit(1)
 
 
 def _renice(niceness: int) -> None:
@@ -140,6 +167,9 @@ class RayExecutor(WorkerGroupExecutor):
         self._runs: list = []
         self.where: list[tuple[int, str, str]] = []  # (pid, node id, address) of each rank
         self._supervisor = None
+        self._stop_supervising: concurrent.futures.Future = concurrent.futures.Future()
+        self._links = liveness.LinkWatcher(self._lost)
+        self._unreachable: set[int] = set()  # ranks whose node stopped answering: their futures may never resolve
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray and address is None and not os.environ.get("RAY_ADDRESS"):
             ray.init(include_dashboard=False)  # a local cluster, for this engine
@@ -163,6 +193,7 @@ class RayExecutor(WorkerGroupExecutor):
             raise
         self._supervisor = threading.Thread(target=self._supervise, name="hotloop-ray-supervisor", daemon=True)
         self._supervisor.start()
+        self._links.start()
 
     def _place(self, tp: int, bundle: dict, strategy: str, timeout: float) -> list[tuple[str, str]]:
         """Reserve one bundle per rank; (node id, node address) of each rank's bundle."""
@@ -188,6 +219,11 @@ class RayExecutor(WorkerGroupExecutor):
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=r),
             ).remote())
         self.where = self._gather([a.where.remote() for a in self._actors], "report where it runs", timeout)
+        token = secrets.token_bytes(32)
+        ports = self._gather([a.hold_engine_link.remote(token, timeout) for a in self._actors],
+                             "listen for the engine's link", timeout)
+        for r, port in enumerate(ports):
+            self._links.connect(r, self.nodes[r][1], port, token, timeout)
         port = self._gather([self._actors[0].free_port.remote()], "pick a rendezvous port", timeout)[0]
         init_method = f"tcp://{self.nodes[0][1]}:{port}"
         cuda = device.startswith("cuda")
@@ -218,19 +254,27 @@ class RayExecutor(WorkerGroupExecutor):
         return f"{pid}node {node} at {ip}"
 
     def _supervise(self) -> None:
-        pending = list(self._runs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            if self._stopping:
-                continue
-            raised, why = self._outcome(done[0])
-            if raised and pending:
-                # A rank that raised often lost a peer in a collective; Ray reports the peer's death itself a few
-                # ms later (20 ms measured after a SIGKILL), so wait that long to name the rank that died first.
-                more, pending = ray.wait(pending, num_returns=1, timeout=DEATH_REPORT_S)
-                why = "; ".join([self._outcome(ref)[1] for ref in more] + [why])
-            self._fail(f"{why}; the engine cannot run more steps")
+        """Block until a rank's ``run`` future resolves (or shutdown stops this): fail naming it."""
+        runs = {run.future(): run for run in self._runs}
+        stop = self._stop_supervising
+        done, pending = concurrent.futures.wait([stop, *runs], return_when=concurrent.futures.FIRST_COMPLETED)
+        if self._stopping or stop in done:
             return
+        outcomes = [self._outcome(runs[f]) for f in runs if f in done]
+        why = "; ".join(w for _, w in outcomes)
+        if any(raised for raised, _ in outcomes) and len(pending) > 1:
+            # A rank that raised often lost a peer in a collective; Ray reports the peer's death itself a few ms
+            # later (20 ms measured after a SIGKILL), so wait that long to name the rank that died first.
+            more, _ = concurrent.futures.wait(pending, timeout=DEATH_REPORT_S,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            why = "; ".join([self._outcome(runs[f])[1] for f in runs if f in more] + [why])
+        self._fail(f"{why}; the engine cannot run more steps")
+
+    def _lost(self, rank: int, why: str) -> None:
+        """Rank's liveness link timed out: its node is cut off (Ray's own verdict comes only after its health
+        checks, ~15 s by default)."""
+        self._unreachable.add(rank)
+        self._fail(f"rank {rank} ({self._rank_name(rank)}): {why}; the engine cannot run more steps")
 
     def _outcome(self, run) -> tuple[bool, str]:
         """(whether the rank raised, what happened) for a rank's finished ``run`` future."""
@@ -244,12 +288,17 @@ class RayExecutor(WorkerGroupExecutor):
         return raised, f"rank {rank} ({self._rank_name(rank)}): {why}"
 
     def _stop_workers(self) -> None:
-        if self._runs:  # the broadcast's shutdown ends each loop within a step
-            ray.wait(self._runs, num_returns=len(self._runs), timeout=STOP_GRACE_S)
+        # the future of a rank on a node that stopped answering resolves only when Ray gives up on the node
+        reachable = [run for r, run in enumerate(self._runs) if r not in self._unreachable]
+        if reachable and not self.failed.is_set():  # the broadcast's shutdown ends each loop within a step
+            ray.wait(reachable, num_returns=len(reachable), timeout=STOP_GRACE_S)
+        # after a failure at once: a rank may be blocked in a collective with a lost peer for gloo's whole timeout
         for a in self._actors:
             ray.kill(a)
-        if self._runs:
-            ray.wait(self._runs, num_returns=len(self._runs), timeout=STOP_GRACE_S)
+        if reachable:
+            ray.wait(reachable, num_returns=len(reachable), timeout=STOP_GRACE_S)
+        self._links.close()  # a rank still running (cut off) exits once it sees its link lost
+        self._stop_supervising.set_result(None)
         if self._supervisor is not None:
             self._supervisor.join()
         self._actors, self._runs = [], []

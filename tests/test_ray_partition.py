@@ -1,0 +1,243 @@
+"""executor="ray" with a rank's node cut off mid-step (a partition: no process dies, no FIN or RST).
+
+Ray's head and a second Ray node (``ray start``) each run in a network namespace of their own
+(hotloop.testing.netns.Nodes), joined by a veth link; the engine runs on the head's node (this file run as a
+script, ``--driver``), rank 0 there with it, rank 1 on the second node (STRICT_SPREAD). Once the first tokens are
+out the test drops every packet of the second node (an nftables drop-all).
+
+Checked: every request ends with ``engine_dead`` and an error naming rank 1 and its node within BOUND_S of the cut
+(hotloop's peer timeout, HOTLOOP_PEER_TIMEOUT_S, default 3 s; Ray's own verdict takes ~15 s), the engine's
+shutdown returns within SHUTDOWN_S, and afterwards neither rank's process, nor a /dev/shm segment of the engine
+or its ranks, nor a descriptor the engine opened is left. ``HOTLOOP_RAY_PARTITIONS=N`` repeats the cut on N
+engines in turn (the link healed between them) and prints the p50 / p99 / max of the time to the error.
+"""
+
+import importlib.util
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from hotloop.testing.netns import Nodes
+
+BOUND_S = 5.0  # from the cut to every request's error
+SHUTDOWN_S = 3.0  # from the error to the engine's shutdown returned
+PARTITIONS = int(os.environ.get("HOTLOOP_RAY_PARTITIONS", "1"))
+RAY_PORT = 6379
+
+
+def _problem() -> str | None:
+    if importlib.util.find_spec("ray") is None:
+        return "ray is not installed (pip install 'hotloop[ray]')"
+    return Nodes.unavailable()
+
+
+pytestmark = pytest.mark.skipif(_problem() is not None, reason=f"simulated Ray nodes: {_problem()}")
+
+
+# ---- the engine's side (on the head's node) ----
+
+
+_OUT = None  # the driver's stdout: its JSON lines (Ray forwards the ranks' prints to fd 1, moved to stderr)
+
+
+def _say(**msg):
+    _OUT.write(json.dumps(msg) + "\n")
+    _OUT.flush()
+
+
+def _shm(pids) -> set:
+    mine = {str(p) for p in pids}
+    return {f for f in os.listdir("/dev/shm") if f.startswith("hotloop-") and f.split("-")[2] in mine}
+
+
+def _tcp_ports(fd: str) -> tuple[int, int] | None:
+    """(local port, remote port) of descriptor `fd` when it is a TCP socket, else None."""
+    link = os.readlink(f"/proc/self/fd/{fd}")
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/self/net/{table}") as f:
+            for cols in (row.split() for row in f.readlines()[1:]):
+                if f"socket:[{cols[9]}]" == link:
+                    return int(cols[1].rsplit(":", 1)[1], 16), int(cols[2].rsplit(":", 1)[1], 16)
+    return None
+
+
+def _left_open(before: set, hotloop_ports: set) -> dict:
+    """Descriptors opened since `before` and still open, but for Ray's own TCP connections (its client pools keep
+    connections to the ranks' workers and raylets, not the engine's to close): any other kind, or a TCP socket on
+    one of `hotloop_ports` (the broadcast queue's and the liveness links'). A socket in no TCP table (a connection
+    torn down, its descriptor not yet closed) counts as left."""
+    left = {}
+    for fd in set(os.listdir("/proc/self/fd")) - before:
+        try:
+            ports = _tcp_ports(fd)
+            if ports is None or hotloop_ports & set(ports):
+                left[fd] = f"{os.readlink(f'/proc/self/fd/{fd}')} ports {ports}"
+        except FileNotFoundError:
+            pass
+    return left
+
+
+def _partition_round():
+    """One engine: two long requests; the test cuts rank 1's node after the first tokens."""
+    import threading
+
+    from hotloop.engine import AddRequest, EngineCore
+
+    fds = set(os.listdir("/proc/self/fd"))
+    core = EngineCore("tiny", executor="ray", tp=2, step_delay_s=0.2, max_tokens_per_step=24,
+                      executor_options={"placement_strategy": "STRICT_SPREAD", "start_timeout": 120})
+    ex = core.executor
+    pids, nodes = ex.pids, [node for node, _ in ex.nodes]
+    ports = {int(ex._bcast.export_handle().remote_address.rsplit(":", 1)[1])}
+    ports |= {sock.getsockname()[1] for sock in ex._links.links.values()}
+    failure = []
+
+    def run():
+        try:
+            core.run()
+        except Exception as e:  # noqa: BLE001  (reported)
+            failure.append(f"{type(e).__name__}: {e}")
+        failure.append(time.monotonic())
+
+    loop = threading.Thread(target=run)
+    loop.start()
+    for i in range(2):
+        core.input_queue.put(AddRequest(f"long{i}", [1, 2, 3], 500))
+    core.output_queue.get(timeout=120)
+    _say(tokens=True)
+    ended = {}
+    while len(ended) < 2:
+        for o in core.output_queue.get(timeout=60):
+            if o.finished:
+                ended[o.request_id] = [o.finish_reason, o.error, time.monotonic()]
+    loop.join(60)
+    # a killed process exits asynchronously; Ray's client closes a connection it found broken in its own time
+    deadline = time.monotonic() + 10
+    while True:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        left = _left_open(fds, ports)
+        if not (alive or left) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    _say(ended=ended, failure=failure[:-1], loop_ended=failure[-1] if not loop.is_alive() else None,
+         nodes=nodes, processes=alive, segments=sorted(_shm([os.getpid(), *pids])), fds=left)
+
+
+def _drive(address: str):
+    global _OUT
+    _OUT = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    import ray
+
+    ray.init(address=address)
+    deadline = time.monotonic() + 120
+    while len([n for n in ray.nodes() if n["Alive"]]) < 2:
+        assert time.monotonic() < deadline, "the second Ray node did not join"
+        time.sleep(0.2)
+    _say(ready=True)
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        _partition_round()
+    ray.shutdown()
+
+
+# ---- the test's side ----
+
+
+def _ifname(nodes: Nodes, node: str) -> str:
+    """The interface that holds `node`'s address (gloo binds it; GLOO_SOCKET_IFNAME)."""
+    out = subprocess.run(["ip", "-n", nodes.ns[node], "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                         check=True).stdout
+    return next(ln.split()[1] for ln in out.splitlines() if f" {nodes.addr[node]}/" in ln)
+
+
+def _line(proc, timeout: float) -> dict:
+    """The driver's next JSON line ({} if it ended or said nothing within `timeout`)."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return json.loads(proc.stdout.readline() or "{}") if ready else {}
+
+
+def _stop(nodes: Nodes, driver) -> None:
+    """The driver disconnects from Ray; then every process in the namespaces (each is this test's: Ray's daemons
+    and workers) is killed."""
+    driver.stdin.close()
+    try:
+        driver.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    for ns in nodes.ns.values():
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_partitioned_rank_node_fails_every_request_within_the_bound_and_leaves_nothing(tmp_path):
+    from conftest import require_torch
+
+    require_torch()
+    py = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus=2",
+          "--object-store-memory=80000000", "--disable-usage-stats", "--include-log-monitor=false"]
+    temp = tempfile.mkdtemp(prefix="hlray")  # Ray's socket paths must fit AF_UNIX's 107 bytes
+    with Nodes(["head", "far"]) as nodes, open(tmp_path / "ray.log", "w") as log:
+        head = nodes.addr["head"]
+        env = {**os.environ, "RAY_worker_niceness": "0"}
+        [nodes.popen("head", [*py, "--head", f"--node-ip-address={head}", f"--port={RAY_PORT}",
+                                      "--include-dashboard=false", f"--temp-dir={temp}/head"],
+                             env={**env, "GLOO_SOCKET_IFNAME": _ifname(nodes, "head")}, stdout=log, stderr=log),
+                 nodes.popen("far", [*py, f"--address={head}:{RAY_PORT}", f"--node-ip-address={nodes.addr['far']}",
+                                     f"--temp-dir={temp}/far"],
+                             env={**env, "GLOO_SOCKET_IFNAME": _ifname(nodes, "far")}, stdout=log, stderr=log)]
+        driver = nodes.popen("head", [sys.executable, os.path.abspath(__file__), "--driver", f"{head}:{RAY_PORT}"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        t0 = time.monotonic()
+        try:
+            assert _line(driver, 180).get("ready"), f"the Ray nodes did not start; see {tmp_path}/ray.log"
+            print(f"two Ray nodes up after {time.monotonic() - t0:.1f} s")
+            errors_after, shutdowns = [], []
+            for i in range(PARTITIONS):
+                driver.stdin.write("go\n")
+                driver.stdin.flush()
+                started = _line(driver, 180)
+                assert started.get("tokens"), started
+                print(f"engine {i} serving after {time.monotonic() - t0:.1f} s")
+                t_cut = time.monotonic()
+                nodes.cut("far")
+                got = _line(driver, 120)
+                nodes.heal("far")
+                assert "ended" in got, f"the driver ended: {got}"
+                far_node = got["nodes"][1]
+                for reason, error, _ in got["ended"].values():
+                    assert reason == "engine_dead" and error.startswith("rank 1 (") and far_node in error, error
+                    assert "did not answer" in error, error
+                assert got["failure"] and got["failure"][0].startswith("ExecutorError: rank 1 (")
+                errors_after.append(max(t for _, _, t in got["ended"].values()) - t_cut)
+                shutdowns.append(got["loop_ended"] - max(t for _, _, t in got["ended"].values()))
+                print(f"partition {i}: requests failed {errors_after[-1]:.2f} s after the cut, shutdown "
+                      f"{shutdowns[-1]:.2f} s")
+                assert errors_after[-1] <= BOUND_S, f"the requests failed {errors_after[-1]:.2f} s after the cut"
+                assert shutdowns[-1] <= SHUTDOWN_S, f"shutdown took {shutdowns[-1]:.2f} s"
+                assert got["processes"] == [] and got["segments"] == [], got
+                assert got["fds"] == {}, f"the engine left descriptors open: {got['fds']}"
+            errors_after.sort()
+            print(f"{PARTITIONS} partition(s): error after the cut p50 {errors_after[len(errors_after) // 2]:.2f} s, "
+                  f"p99 {errors_after[min(len(errors_after) - 1, round(0.99 * len(errors_after)))]:.2f} s, max "
+                  f"{errors_after[-1]:.2f} s; shutdown max {max(shutdowns):.2f} s")
+        finally:
+            _stop(nodes, driver)
+            driver.stdout.close()
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--driver"]:
+    _drive(sys.argv[2])
