@@ -622,10 +622,12 @@ class RemoteSubscriber:
     # ---- the reader surface shared with ShmRing ----
 
     def readable(self) -> bool:
-        """Whether a message is waiting (never blocks)."""
+        """Whether a message is waiting, or the stream ended (the writer shut down or was lost: the next read
+        raises), as the source says; never blocks. (A caller that waits on the source and then asks readable()
+        must not find the source ready and nothing to take: it would spin.)"""
         with self._lock:
             self._drain()
-            return self._pending is not None
+            return self._pending is not None or self._shut_down or self._lost
 
     @property
     def source(self) -> FdSource:

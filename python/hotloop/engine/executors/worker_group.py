@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 
 from hotloop import MessageQueue
-from hotloop._core import DeadPeerError, Flag
+from hotloop._core import ClosedError, DeadPeerError, Flag
 from hotloop.engine.executors.base import Executor
 from hotloop.engine.scheduler import SchedulerOutput
 from hotloop.errors import ExecutorError
@@ -71,7 +71,11 @@ class WorkerGroupExecutor(Executor):
     def poll(self):
         if self._response.readable():
             self.in_flight = False
-            return self._response.dequeue(timeout=0) or []
+            try:
+                return self._response.dequeue(timeout=0) or []
+            except (DeadPeerError, ClosedError) as e:  # a remote rank 0's answers ended: it died or was cut off
+                self._check()  # the supervisor's report, naming the rank and node, when it has one
+                raise ExecutorError(f"rank 0's answers stopped: {e}") from e
         self._check()
         return None
 
