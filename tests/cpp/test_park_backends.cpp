@@ -146,7 +146,13 @@ TEST_P(ParkBackends, ReadableDescriptorWakesAWaitThatAlsoWatchesSharedDoorbells)
   for (int round = 0; round < 7; ++round) {
     std::atomic<int64_t> sent{0};
     std::thread writer([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      // Once the wait is parked (it announces itself on the shared doorbell first), not after a fixed delay: on
+      // a loaded machine under TSan the wait could start after the write and never park.
+      const int64_t until = now_ns() + 5'000 * kMs;
+      while (shared->src.bell.parked() == 0 && now_ns() < until) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
       sent = now_ns();
       ASSERT_EQ(::write(sp.b, "x", 1), 1);
     });

@@ -77,8 +77,10 @@ def fan_out(k: int, relay: bool, count: int) -> float:
 
 
 def _echo(handle, rank, node, rounds, back_out, out):
+    """Echo `rounds` messages back on a queue of its own: read remotely, or locally when `node` is None (the
+    shared-memory arm)."""
     q = MessageQueue.create_from_handle(handle, rank, node=node)
-    back = MessageQueue(1, 0, connect_ip=LOOPBACK)
+    back = MessageQueue(1) if node is None else MessageQueue(1, 0, connect_ip=LOOPBACK)
     back_out.put(back.export_handle())
     back.wait_until_ready(60)
     for _ in range(rounds):
@@ -102,7 +104,7 @@ def round_trip(arm: str, rounds: int, warmup: int) -> dict:
     out, back_out = CTX.Queue(), CTX.Queue()
     if arm == "shared memory":
         mq = MessageQueue(1)
-        kids = [CTX.Process(target=_echo_local, args=(mq.export_handle(), n, back_out, out))]
+        kids = [CTX.Process(target=_echo, args=(mq.export_handle(), 0, None, n, back_out, out))]
     else:
         # relayed: rank 0 runs node a's relay (it comes first), rank 1 echoes through it; direct: rank 1 alone
         mq = MessageQueue(2, 0, connect_ip=LOOPBACK)
@@ -129,18 +131,6 @@ def round_trip(arm: str, rounds: int, warmup: int) -> dict:
     back.close()
     mq.close()
     return {"p50_us": percentile(lat, 50) / 1e3, "p99_us": percentile(lat, 99) / 1e3}
-
-
-def _echo_local(handle, rounds, back_out, out):
-    q = MessageQueue.create_from_handle(handle, 0)
-    back = MessageQueue(1)
-    back_out.put(back.export_handle())
-    back.wait_until_ready(60)
-    for _ in range(rounds):
-        back.enqueue_bytes(q.dequeue_bytes(timeout=60))
-    back.close()
-    q.close()
-    _report(out, "done")
 
 
 KS = (1, 2, 4, 8)
