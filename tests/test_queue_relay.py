@@ -130,7 +130,9 @@ def test_a_killed_relay_is_a_dead_peer_for_every_rank_of_its_node(cluster):
     with pytest.raises(DeadPeerError) as e:
         _enqueue_until_error(mq, 30)
     assert time.monotonic() - t_kill < BOUND_S
-    assert "node 'node-a'" in str(e.value) and f"rank {relay}'s process" in str(e.value), e.value
+    # the relay's stream or its rank's presence connection: whichever the writer sees close first
+    assert "node 'node-a'" in str(e.value), e.value
+    assert f"rank {relay}'s process" in str(e.value) or f"rank {relay} on node" in str(e.value), e.value
     end = readers[other].next("end")
     assert end["got"] == list(range(len(end["got"]))), "what the relay wrote before it died, in order, once"
     assert end["error"].startswith("DeadPeerError"), end

@@ -1,4 +1,5 @@
-"""Moved to ``hotloop.queue.serialization``; this name stays importable (the same module object)."""
+"""Moved to ``hotloop.queue.serialization``; this name stays importable (the same module object), and messages
+name ``hotloop.serialization._rebuild_tensor`` through it."""
 
 import importlib
 import sys

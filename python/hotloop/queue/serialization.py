@@ -66,6 +66,11 @@ def _rebuild_tensor(buf, dtype_name: str, shape: tuple, requires_grad: bool):
     return t
 
 
+# The name messages carry for it: its module's name before the queue became a package (``hotloop.serialization``
+# still imports this module). A message's bytes, and the fuzz corpus's reproducers built on them, stay as they were.
+_rebuild_tensor.__module__ = "hotloop.serialization"
+
+
 def _reduce_tensor(obj, keep_alive: list):
     """CPU tensors go out-of-band as raw bytes (torch's own pickling copies them in-band)."""
     import torch
