@@ -182,21 +182,21 @@ class MessageQueue:
         if rank < handle.n_local_reader:
             reader = _core.ShmRing.attach(handle.name, rank, handle.capacity, handle.n_local_reader)
         elif node:
-            reader, companions = relay.attach(handle, rank, node, policy)
+            reader, companions = relay.attach(handle, rank, node)
         else:
             reader = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_server_key,
                                       handle.remote_client_keys[rank - handle.n_local_reader], handle.remote_hwm)
             if policy is None:  # a network reader parks at once (see RemoteSubscriber.DEFAULT_POLICY)
                 policy = RemoteSubscriber.DEFAULT_POLICY
         self = cls.__new__(cls)
-        self._setup(handle, rank, policy, reader=reader)
-        self._companions = companions
+        self._setup(handle, rank, policy, reader=reader, companions=companions)
         return self
 
     def _setup(self, handle: Handle, rank: int, policy: WaitPolicy | None, reader: ReaderBackend | None = None,
-               writers: tuple = (), max_message_bytes: int = 0) -> None:
+               writers: tuple = (), max_message_bytes: int = 0, companions: tuple = ()) -> None:
         """The one place a queue's fields are set, for the writer (rank -1: its remote and local backends, either
-        may be None) and for a reader (its backend)."""
+        may be None) and for a reader (its backend, and what closes with it: a relayed reader's presence
+        connection and, on its node's first reader, the relay)."""
         self._handle = handle
         self.rank = rank
         self._policy = policy if policy is not None else WaitPolicy()
@@ -215,7 +215,7 @@ class MessageQueue:
         if self._object_reader is not None and cls.dequeue is _CLASS_DEQUEUE:
             self.dequeue = _core.ObjectReader(self._object_reader, self._policy, _OBJECT_LOADERS, self.name)
         self._async_watcher = None
-        self._companions = ()  # a relayed reader's presence connection and, on its node's first reader, the relay
+        self._companions = companions
         assert reader is None or isinstance(reader, ReaderBackend), type(reader)
         assert all(isinstance(w, WriterBackend) for w in self._writers), self._writers
 

@@ -43,8 +43,8 @@ import zmq
 
 from hotloop import _core
 from hotloop._core import ClosedError, DeadPeerError, WaitPolicy
-from hotloop.queue.remote import (MAX_NODE_BYTES, RemoteSubscriber, _keepalive, _ProcessZmq, _rank_topic,
-                                  node_topic)
+from hotloop.queue.remote import (MAX_NODE_BYTES, RemoteSubscriber, _ProcessZmq, _rank_topic, node_topic,
+                                  reader_socket)
 
 log = logging.getLogger("hotloop.queue.relay")
 
@@ -91,11 +91,7 @@ class Presence:
         self._zmq = _ProcessZmq.acquire()
         self._sock = None
         try:
-            self._sock = self._zmq.ctx.socket(zmq.SUB)
-            self._sock.curve_serverkey = server_public
-            self._sock.curve_publickey, self._sock.curve_secretkey = client_keys
-            self._sock.setsockopt(zmq.LINGER, 0)
-            _keepalive(self._sock)
+            self._sock = reader_socket(self._zmq.ctx, server_public, client_keys)
             self._sock.setsockopt(zmq.SUBSCRIBE, _rank_topic(rank, node))
             self._sock.connect(address)
         except BaseException:
@@ -164,7 +160,7 @@ class Relay:
             self._thread.join(timeout=5)
 
 
-def attach(handle, rank: int, node: str, policy: WaitPolicy | None):
+def attach(handle, rank: int, node: str):
     """Reader `rank` of a queue through its node's relay, starting the relay when it is the node's first reader.
     Returns (the node ring's reader, the objects the reader closes with it: its relay if it runs it, its
     presence connection)."""

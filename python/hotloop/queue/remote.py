@@ -169,6 +169,17 @@ def _keepalive(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.TCP_MAXRT, timeout * 1000)
 
 
+def reader_socket(ctx: zmq.Context, server_public: bytes, client_keys: tuple[bytes, bytes]) -> zmq.Socket:
+    """A reader's SUB socket, not yet connected: its rank's CurveZMQ client keys, the writer's server key (the
+    handshake fails against any other server), no linger, the peer timeout (``_keepalive``)."""
+    sock = ctx.socket(zmq.SUB)
+    sock.curve_serverkey = server_public
+    sock.curve_publickey, sock.curve_secretkey = client_keys
+    sock.setsockopt(zmq.LINGER, 0)
+    _keepalive(sock)
+    return sock
+
+
 class _ZapHandler(zmq.auth.thread.ThreadAuthenticator):
     """The process's ZAP handler: admits, per writer (its ZAP domain), the client keys of that queue's remote ranks,
     and names each connection by its rank (keys are fresh per queue, so a key names one rank of one queue)."""
@@ -597,12 +608,8 @@ class RemoteSubscriber:
         self.closed = False
 
     def _connect(self, address, topic, server_public, client_keys, hwm) -> None:
-        self._sock = self._zmq.ctx.socket(zmq.SUB)
-        self._sock.curve_serverkey = server_public  # the handshake fails against any other server
-        self._sock.curve_publickey, self._sock.curve_secretkey = client_keys
-        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock = reader_socket(self._zmq.ctx, server_public, client_keys)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
-        _keepalive(self._sock)
         self._monitor = _monitor(self._sock, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.setsockopt(zmq.SUBSCRIBE, topic)
