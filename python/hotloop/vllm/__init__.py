@@ -19,6 +19,8 @@ Contract:
   saying so (``message_queue.py``).
 - ``HOTLOOP_VLLM_TIMELINE=1`` stamps each request's hops (front end, engine core, workers: ``timeline.py``), on
   either queue.
+- ``HOTLOOP_VLLM_SIM_DEVICE=1`` puts the model's forward on a simulated device (``sim_device.py``: benchmarks and
+  tests of the GPU regime on vLLM's CPU build), on either queue; never on without it.
 - The engine-core loop (``engine_loop.py``: inputs handled while a step runs, in one hotloop wait) comes with the
   queue when ``HOTLOOP_VLLM_LOOP`` is 1/true/yes/on (off by default until it meets its latency goals;
   docs/vllm.md). ``install()`` turns it on in a process that has vLLM's engine core loaded (the engine-core
@@ -182,6 +184,12 @@ def register() -> None:
 
         log.info("hotloop: request timeline stamps (HOTLOOP_VLLM_TIMELINE) on %s in process %d",
                  ", ".join(timeline.install()) or "nothing", os.getpid())
+    try:
+        from hotloop.vllm import sim_device
+
+        sim_device.install()  # HOTLOOP_VLLM_SIM_DEVICE: benchmarks and tests, on either queue
+    except (ImportError, ValueError) as e:
+        log.warning("hotloop: %s is set but the simulated device is not installed: %s", "HOTLOOP_VLLM_SIM_DEVICE", e)
     enabled, why = enabled_by_env()
     if not enabled:
         log.debug("hotloop: vLLM plugin not enabled (%s); vLLM keeps its own MessageQueue", why)

@@ -1,9 +1,10 @@
 """A tiny random Llama-architecture model and tokenizer, built locally (no download) for vLLM tests and benchmarks.
 
-Contract: ``build(seed=0)`` returns a directory vLLM loads with ``LLM(model=path)``: a ``LlamaForCausalLM`` with
+Contract: ``build(seed=0, heads=2)`` returns a directory vLLM loads with ``LLM(model=path)``: a ``LlamaForCausalLM`` with
 random weights drawn from `seed` (2 layers, hidden 128, 2 attention and 2 key/value heads of 64: vLLM's CPU
 attention needs a head size it has kernels for, and tensor parallel 1 and 2 both shard it) saved as safetensors in float32, and a byte-level BPE tokenizer trained with ``tokenizers`` on
-a fixed text. The same seed gives the same files. It is built once under ``~/.cache/hotloop`` (or
+a fixed text. The same seed gives the same files. ``heads=4`` gives the same recipe four heads wide (hidden 256), for
+tensor parallel 4. It is built once under ``~/.cache/hotloop`` (or
 ``$HOTLOOP_CACHE_DIR``) and reused; a build goes to a temporary directory renamed into place, so concurrent
 builders never see half a model. Needs ``transformers`` and ``tokenizers`` (both come with vLLM).
 """
@@ -33,8 +34,17 @@ def cache_dir() -> str:
     return os.environ.get("HOTLOOP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "hotloop")
 
 
-def path_for(seed: int = 0) -> str:
-    return os.path.join(cache_dir(), f"vllm-tiny-llama-v{VERSION}-seed{seed}")
+def config(heads: int = 2) -> dict:
+    """The model's configuration with `heads` attention (and key/value) heads of 64."""
+    if heads == CONFIG["num_attention_heads"]:
+        return dict(CONFIG)
+    return {**CONFIG, "num_attention_heads": heads, "num_key_value_heads": heads, "hidden_size": 64 * heads,
+            "intermediate_size": 128 * heads}
+
+
+def path_for(seed: int = 0, heads: int = 2) -> str:
+    wide = "" if heads == CONFIG["num_attention_heads"] else f"-h{heads}"
+    return os.path.join(cache_dir(), f"vllm-tiny-llama-v{VERSION}-seed{seed}{wide}")
 
 
 def prompts(n: int, seed: int = 0) -> list[str]:
@@ -43,9 +53,10 @@ def prompts(n: int, seed: int = 0) -> list[str]:
     return [" ".join(words[(seed + 7 * i + j) % len(words)] for j in range(6 + i % 5)) for i in range(n)]
 
 
-def build(seed: int = 0) -> str:
-    """The model directory for `seed`, built if missing."""
-    path = path_for(seed)
+def build(seed: int = 0, heads: int = 2) -> str:
+    """The model directory for `seed` (and `heads`), built if missing."""
+    path = path_for(seed, heads)
+    cfg = config(heads)
     if os.path.exists(os.path.join(path, "hotloop-tiny-model.json")):
         return path
     import torch
@@ -66,15 +77,14 @@ def build(seed: int = 0) -> str:
         fast.save_pretrained(tmp)
 
         torch.manual_seed(seed)
-        config = LlamaConfig(**CONFIG, torch_dtype="float32")
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(LlamaConfig(**cfg, torch_dtype="float32"))
         with torch.no_grad():  # larger than the default 0.02 so greedy picks are decisive, not near-ties
             for p in model.parameters():
                 if p.dim() > 1:
                     p.normal_(0.0, 0.2)
         model.save_pretrained(tmp, safe_serialization=True)
         with open(os.path.join(tmp, "hotloop-tiny-model.json"), "w") as f:
-            json.dump({"seed": seed, "version": VERSION, "config": CONFIG}, f)
+            json.dump({"seed": seed, "version": VERSION, "config": cfg}, f)
         try:
             os.rename(tmp, path)
         except OSError:  # another process built it meanwhile
