@@ -92,6 +92,17 @@ def _check_worker_queue(_worker=None):
     return f"{mod.MessageQueue.__module__}.{mod.MessageQueue.__qualname__}"
 
 
+def _check_sim_device(_worker=None):
+    """Runs in each worker (collective_rpc): the simulated device's step times and TP rank, or None when the model
+    computes for real."""
+    runner = getattr(_worker, "model_runner", None)
+    clock = getattr(getattr(runner, "model", None), "_hotloop_device_clock", None)
+    if clock is None:
+        return None
+    return {"base_us": clock.base_ns / 1e3, "per_token_us": clock.per_token_ns / 1e3, "rank": clock.rank,
+            "world": clock.world, "steps": clock.steps}
+
+
 def _driver(args) -> int:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM logs to stdout: keep the protocol channel clean
@@ -106,7 +117,7 @@ def _driver(args) -> int:
     llm = LLM(model=args.model, tensor_parallel_size=args.tp, distributed_executor_backend="mp", dtype="float32",
               max_model_len=512, max_num_seqs=16, seed=0, enforce_eager=True, gpu_memory_utilization=0.5)
     queue_class = sorted(set(llm.collective_rpc(_check_worker_queue)))
-    say(ready=True, pid=os.getpid(), queue_class=queue_class)
+    say(ready=True, pid=os.getpid(), queue_class=queue_class, sim_device=llm.collective_rpc(_check_sim_device))
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "generate":
@@ -151,6 +162,7 @@ class Driver:
         ready = self._read()
         self.pid = self.proc.pid
         self.queue_class = ready["queue_class"]
+        self.sim_device = ready["sim_device"]  # per worker: the simulated device's figures, or None
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()

@@ -12,7 +12,7 @@ Contract:
 - Every rank calls ``step`` the same number of times (vLLM's TP ranks run the same steps, warm-up included).
   A rank that has not started step k within ``peer_timeout_s`` (60 s) makes the others raise RuntimeError
   naming it.
-- The ranks meet in one shared-memory segment, ``/dev/shm/hotloop-devclock-<name>``, opened (created if absent)
+- The ranks meet in one shared-memory segment, ``/dev/shm/hotloop.devclock.<name>``, opened (created if absent)
   by each rank; rank 0 removes the name once every rank has run a step (the mappings stay), and ``close()``
   removes it too, so a normal run leaves nothing. Only ranks of one process tree (one user) share it: 0600.
 - Cost per step on the CPU: a few microseconds (two stores, a futex wake, the checks of the peers' slots, one
@@ -61,7 +61,7 @@ def _sleep_until(t_ns: int) -> None:
 
 
 def segment_path(name: str) -> str:
-    return f"/dev/shm/hotloop-devclock-{name}"
+    return f"/dev/shm/hotloop.devclock.{name}"
 
 
 class DeviceClock:

@@ -19,7 +19,7 @@ Contract:
 - vLLM's host work is all real: the scheduler, input preparation, the sampler, detokenizing, the executor's
   queues. Eager mode only (``enforce_eager=True``): a compiled graph would not call the replaced forward.
   Pipeline parallelism is refused (RuntimeError at load): a stage's output is not modelled.
-- The ranks' clocks meet in ``/dev/shm/hotloop-devclock-<ident>-<parent pid>`` (the executor's distributed
+- The ranks' clocks meet in ``/dev/shm/hotloop.devclock.<ident>-<parent pid>`` (the executor's distributed
   init ident, the engine core's pid): one per engine; removed once every rank has run a step.
 """
 
