@@ -113,7 +113,9 @@ def cmd_bench(args) -> int:
     for name in names:
         kwargs = {"plot_path": engine_plot} if name == "engine" else {}
         if name == "vllm":
-            kwargs = {"rounds": args.rounds, "plot_path": plots["vllm"][0] if report else None}
+            kwargs = {"rounds": args.rounds, "plot_path": plots["vllm"][0] if report else None,
+                      "device": args.device,
+                      "tps": tuple(int(t) for t in args.tp_sizes.split(",")) if args.tp_sizes else None}
         if name == "vllm-omni":
             kwargs = {"rounds": args.rounds}
         data, text = BENCHMARKS[name](quick=quick, **kwargs)
@@ -174,6 +176,11 @@ def main(argv=None) -> int:
     b.add_argument("--rounds", type=int, default=None,
                    help="rounds of the vllm and vllm-omni benchmarks, arms alternating (default 1; --full: 3 for "
                    "vllm, 4 for vllm-omni)")
+    b.add_argument("--device", choices=("cpu", "sim"), default="cpu",
+                   help="vllm: cpu (vLLM's CPU build computes the model; default) or sim (a simulated device: vLLM's "
+                   "host work is real, each forward a modelled device time off the CPU, as on a GPU host; arms "
+                   "include vLLM's spinloop extension; TP 1, 2 and 4)")
+    b.add_argument("--tp-sizes", default=None, help="vllm: tensor parallel sizes, e.g. 1,2 (default 1,2; sim: 1,2,4)")
     b.add_argument("--json", metavar="PATH", help="also write the figures and the machine facts as JSON")
     b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="print what a bug report needs")

@@ -41,7 +41,13 @@ from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, cmdline,
 
 OUTPUT_TOKENS = 64
 ARMS = ("vllm", "hotloop", "hotloop+loop")  # vLLM's queue and loop; hotloop's queue; hotloop's queue and loop
-BIND = {1: "0", 2: "0|1"}
+# on the simulated device, vLLM's own cheaper spin (its spinloop extension) is a fourth arm
+SIM_ARMS = ("vllm", "vllm+spinloop", "hotloop", "hotloop+loop")
+BIND = {1: "0", 2: "0|1", 4: "0|1|0|1"}  # TP=4 on the simulated device: its forwards cost no CPU
+
+
+def arms_for(device: str) -> tuple[str, ...]:
+    return SIM_ARMS if device == "sim" else ARMS
 
 
 # ---- process-tree CPU ----
@@ -82,6 +88,31 @@ def tree_run_seconds(root: int) -> dict[str, float]:
                     parts["tree"] += ns
                     parts[part] += ns
     return {k: v / 1e9 for k, v in parts.items()}
+
+
+def process_kind(pid: int, cmd: str, root: int) -> str:
+    """front_end (the process that runs the front end), engine_core, worker<N> (vLLM's Worker_TP<N>) or other."""
+    if pid == root:
+        return "front_end"
+    if "EngineCore" in cmd:
+        return "engine_core"
+    if "Worker" in cmd:
+        digits = "".join(ch for ch in cmd.split("Worker", 1)[1][:12] if ch.isdigit())
+        return f"worker{digits or '?'}"
+    return "other"
+
+
+def cpu_by_process(root: int) -> dict[str, float]:
+    """CPU seconds (every thread's schedstat) of `root`'s tree by process kind (process_kind)."""
+    out: dict[str, float] = {}
+    for pid, cmd in tree(root).items():
+        kind = process_kind(pid, cmd, root)
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError):
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        out[kind] = out.get(kind, 0.0) + int(f.read().split()[0]) / 1e9
+    return out
 
 
 # ---- the driver (one engine, one arm) ----
@@ -138,9 +169,12 @@ def _driver(args) -> int:
     return 0
 
 
-def _env(tp: int, arm: str) -> dict:
-    """The environment of a driver process of `arm` at tensor parallel size `tp`."""
-    return dict(os.environ, HOTLOOP_VLLM="0" if arm == "vllm" else "1",
+def _env(tp: int, arm: str, device: str = "cpu") -> dict:
+    """The environment of a driver process of `arm` at tensor parallel size `tp`, on vLLM's CPU build (`device`
+    "cpu") or on the simulated device ("sim": HOTLOOP_VLLM_SIM_DEVICE, its value kept if already set)."""
+    sim = {"HOTLOOP_VLLM_SIM_DEVICE": os.environ.get("HOTLOOP_VLLM_SIM_DEVICE") or "1"} if device == "sim" else {}
+    return dict(os.environ, **sim, HOTLOOP_VLLM="0" if arm.startswith("vllm") else "1",
+                VLLM_USE_SPINLOOP_EXT="1" if arm == "vllm+spinloop" else "0",
                 HOTLOOP_VLLM_LOOP="1" if arm == "hotloop+loop" else "0", HOTLOOP_VLLM_TIMELINE="1",
                 VLLM_CPU_KVCACHE_SPACE="1",
                 VLLM_CPU_OMP_THREADS_BIND=BIND.get(tp, "auto"), TOKENIZERS_PARALLELISM="false",
@@ -247,8 +281,15 @@ class Shape:
         return out
 
 
-def shapes(quick: bool) -> list[Shape]:
-    """The upstream change's shapes, scaled to a 2-vCPU machine and a tiny model."""
+def shapes(quick: bool, device: str = "cpu") -> list[Shape]:
+    """The upstream change's shapes, scaled to a 2-vCPU machine and a tiny model. On the simulated device, the
+    upstream shapes' token counts (arrivals 128 / 8, decode 32 / 512, single 32 / 256) with fewer requests."""
+    if device == "sim":
+        if quick:
+            return [Shape("arrivals", 48, 128, 8, 100.0), Shape("poisson", 24, 32, 64, 8.0),
+                    Shape("decode", 16, 32, 128, 0.0), Shape("single", 1, 32, 128, 0.0)]
+        return [Shape("arrivals", 128, 128, 8, 100.0), Shape("poisson", 64, 32, 64, 8.0),
+                Shape("decode", 16, 32, 512, 0.0), Shape("single", 1, 32, 256, 0.0)]
     if quick:
         return [Shape("arrivals", 32, 128, 8, 40.0), Shape("poisson", 24, 16, 32, 4.0),
                 Shape("decode", 16, 16, 128, 0.0), Shape("single", 1, 16, 128, 0.0)]
@@ -294,9 +335,15 @@ def _shapes_driver(args) -> int:
         await engine.engine_core.call_utility_async("hotloop_timeline")  # forget what came before
         await engine.collective_rpc("hotloop_timeline")
         c0, t_start = process_tree_cpu_seconds(os.getpid()), time.monotonic()
+        k0 = cpu_by_process(os.getpid())
         res = await asyncio.gather(*(one(engine, p, params, f"{shape.name}{i}", at, t_start)
                                      for i, (p, at) in enumerate(zip(prompts, shape.arrivals(seed)))))
+        span = time.monotonic() - t_start
         cpu = process_tree_cpu_seconds(os.getpid()) - c0
+        k1 = cpu_by_process(os.getpid())
+        cpu_pct = {k: 100.0 * (k1[k] - k0.get(k, 0.0)) / span for k in k1}
+        cpu_pct["engine_core+workers"] = sum(v for k, v in cpu_pct.items() if k == "engine_core" or
+                                             k.startswith("worker"))
         core = await engine.engine_core.call_utility_async("hotloop_timeline")
         worker = (await engine.collective_rpc("hotloop_timeline"))[0]
         wall = (max(r["done"] for r in res) - min(r["submitted"] for r in res)) / 1e9
@@ -313,6 +360,7 @@ def _shapes_driver(args) -> int:
                 "handoff_p50_us": percentile(handoffs, 50),
                 "waits_during_step": sum(v[2] for v in core["requests"].values()),
                 "hops_ms": {h: median(v) for h, v in hops.items()}, "hops_n": len(hops["time to first token"]),
+                "cpu_pct": cpu_pct, "host_cpu_pct": cpu_pct["engine_core+workers"],
                 "ttft_ms": ttft, "itl_ms": itl, "token_ids": [r["ids"] for r in res]}
 
     async def main():
@@ -325,7 +373,7 @@ def _shapes_driver(args) -> int:
             await asyncio.gather(*(one(engine, p, warm, f"warm{i}", 0.0, time.monotonic())
                                    for i, p in enumerate(_prompt_ids(4, 128, 99))))
             out = {"queue_class": queue_class}
-            for shape in shapes(args.quick):
+            for shape in shapes(args.quick, args.device):
                 out[shape.name] = await run_shape(engine, shape, args.seed)
             out["idle_pct"] = idle_cpu(os.getpid())[0]
         finally:
@@ -351,11 +399,11 @@ def idle_cpu(root: int, windows=((0.0, 3.0),)) -> list[dict[str, float]]:
     return res
 
 
-def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int) -> dict:
+def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: str = "cpu") -> dict:
     """One fresh engine of `arm` through every shape, in a driver process: its figures."""
     p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm_bench", "--shapes-driver", "--tp", str(tp),
-                        "--model", model, "--seed", str(seed)] + ["--quick"] * quick,
-                       env=_env(tp, arm), stdout=subprocess.PIPE, stderr=None if os.environ.get(
+                        "--model", model, "--seed", str(seed), "--device", device] + ["--quick"] * quick,
+                       env=_env(tp, arm, device), stdout=subprocess.PIPE, stderr=None if os.environ.get(
                            "HOTLOOP_BENCH_VERBOSE") else subprocess.DEVNULL, text=True, timeout=1800,
                        start_new_session=True)
     if p.returncode != 0 or not p.stdout.strip():
@@ -367,7 +415,7 @@ def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int) -> dict:
 
 
 def _check_queue_class(arm: str, found: list[str]) -> None:
-    want = "hotloop.vllm.message_queue.MessageQueue" if arm != "vllm" else \
+    want = "hotloop.vllm.message_queue.MessageQueue" if not arm.startswith("vllm") else \
         "vllm.distributed.device_communicators.shm_broadcast.MessageQueue"
     if found != [want]:
         raise RuntimeError(f"arm {arm}: the workers use {found}, expected {want}")
@@ -386,17 +434,21 @@ FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": 
            "ttft_p99_ms": ("TTFT p99 ms", 1), "itl_p50_ms": ("ITL p50 ms", 2), "itl_p99_ms": ("ITL p99 ms", 2),
            "queue_wait_p50_us": ("queue wait p50 us", 0), "queue_wait_p99_us": ("queue wait p99 us", 0),
            "handoff_p50_us": ("of it hand-off p50 us", 0),
-           "cpu_s_per_1k_tok": ("CPU s / 1k tok", 2)}
+           "cpu_s_per_1k_tok": ("CPU s / 1k tok", 2),
+           "host_cpu_pct": ("engine core + workers CPU %", 0)}
 SHAPE_FIGURES = {"arrivals": ("req_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
                               "queue_wait_p50_us", "handoff_p50_us", "queue_wait_p99_us", "cpu_s_per_1k_tok"),
                  "poisson": ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "queue_wait_p50_us",
                              "handoff_p50_us", "queue_wait_p99_us", "cpu_s_per_1k_tok"),
-                 "decode": ("tok_per_s", "itl_p50_ms", "itl_p99_ms", "cpu_s_per_1k_tok"),
+                 "decode": ("tok_per_s", "itl_p50_ms", "itl_p99_ms", "cpu_s_per_1k_tok", "host_cpu_pct"),
                  "single": ("tok_per_s", "itl_p50_ms", "itl_p99_ms", "cpu_s_per_1k_tok")}
 
 
-def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), seed: int = 0,
-        plot_path: str | None = "hotloop-bench-vllm.png"):
+def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
+        plot_path: str | None = "hotloop-bench-vllm.png", device: str = "cpu"):
+    """Every TP size and arm for `rounds` rounds (see the module docstring); `device` "sim" runs the model on the
+    simulated device (hotloop.vllm.sim_device) with vLLM's spinloop extension as a fourth arm, TP 1, 2 and 4 by
+    default."""
     try:
         import vllm  # noqa: F401
     except Exception as e:  # ImportError, or a vLLM that fails to import
@@ -405,55 +457,70 @@ def run(quick: bool = False, rounds: int | None = None, tps=(1, 2), seed: int = 
     from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, check_version, tiny_model
 
     version = check_version()
-    model = tiny_model.build(seed)
+    tps = tuple(tps or ((1, 2, 4) if device == "sim" else (1, 2)))
+    arms = arms_for(device)
+    model = tiny_model.build(seed, heads=4 if 4 in tps else 2)
     rounds = rounds or (1 if quick else 3)
-    progress = Progress("bench vllm", rounds * len(tps) * len(ARMS))
-    raw = {(tp, arm): [] for tp in tps for arm in ARMS}
+    progress = Progress(f"bench vllm ({device})", rounds * len(tps) * len(arms))
+    raw = {(tp, arm): [] for tp in tps for arm in arms}
     reference, differ = {}, set()
     for rnd in range(rounds):
-        order = ARMS[rnd % len(ARMS):] + ARMS[:rnd % len(ARMS)]  # each arm goes first in turn
+        order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]  # each arm goes first in turn
         for tp in tps:
             for arm in order:
-                res = run_engine(tp, arm, model, quick, seed)
-                for shape in shapes(quick):
+                res = run_engine(tp, arm, model, quick, seed, device)
+                for shape in shapes(quick, device):
                     ids = res[shape.name].pop("token_ids")
                     if ids != reference.setdefault(shape.name, ids):
                         differ.add(f"TP={tp} {arm} round {rnd + 1} {shape.name}")
                 raw[(tp, arm)].append(res)
                 progress.step(f"round {rnd + 1} TP={tp} {arm}: poisson TTFT p50 "
                               f"{res['poisson']['ttft_p50_ms']:.1f} ms, decode {res['decode']['tok_per_s']:.0f} "
-                              f"tok/s, idle {res['idle_pct']['tree']:.1f} %")
+                              f"tok/s, host CPU {res['decode']['host_cpu_pct']:.0f} %, idle "
+                              f"{res['idle_pct']['tree']:.1f} %")
     progress.close()
-    data = summarize(raw, tps, quick, rounds)
+    data = summarize(raw, tps, quick, rounds, arms, device)
     data.update({"vllm_version": version, "supported": list(SUPPORTED_VLLM_VERSIONS), "seed": seed,
-                 "identical_greedy_outputs": not differ, "outputs_differ": sorted(differ)})
-    data["goals"] = goals(data, tps)
+                 "identical_greedy_outputs": not differ, "outputs_differ": sorted(differ), "device": device})
+    if device == "sim":
+        from hotloop.vllm.sim_device import requested
+
+        data["sim_device_us"] = requested() or _sim_spec()
+    data["goals"] = goals_sim(data, tps) if device == "sim" else goals(data, tps)
     text = render(data, tps, quick)
     if plot_path:
         text.append(_plot(data, raw, tps, plot_path))
     return data, text
 
 
-def summarize(raw: dict, tps, quick: bool, rounds: int) -> dict:
-    """Per TP, shape, arm and figure: median (min-max) over rounds, and the within-round ratio of each hotloop arm
+def _sim_spec() -> tuple[float, float]:
+    from hotloop.testing.device_clock import DEFAULT_BASE_US, DEFAULT_PER_TOKEN_US
+
+    return DEFAULT_BASE_US, DEFAULT_PER_TOKEN_US
+
+
+def summarize(raw: dict, tps, quick: bool, rounds: int, arms=ARMS, device: str = "cpu") -> dict:
+    """Per TP, shape, arm and figure: median (min-max) over rounds, and the within-round ratio of each other arm
     to vLLM's."""
-    data = {"rounds": rounds, "arms": list(ARMS), "shapes": [dataclasses.asdict(s) for s in shapes(quick)],
+    data = {"rounds": rounds, "arms": list(arms), "shapes": [dataclasses.asdict(s) for s in shapes(quick, device)],
             "tp": {}}
     for tp in tps:
         rec = data["tp"][tp] = {}
-        for shape in shapes(quick):
+        for shape in shapes(quick, device):
             per = rec[shape.name] = {}
-            for arm in ARMS:
+            for arm in arms:
                 runs = [r[shape.name] for r in raw[(tp, arm)]]
                 per[arm] = {k: _stats([r[k] for r in runs]) for k in FIGURES}
                 per[arm]["hops_ms"] = {h: median([r["hops_ms"][h] for r in runs]) for h in runs[0]["hops_ms"]}
                 per[arm]["waits_during_step"] = sum(r["waits_during_step"] for r in runs)
+                per[arm]["cpu_pct"] = {k: median([r["cpu_pct"].get(k, 0.0) for r in runs])
+                                       for k in sorted(set().union(*(r["cpu_pct"] for r in runs)))}
                 if arm != "vllm":
                     own = [r[shape.name] for r in raw[(tp, "vllm")]]
                     per[f"{arm}/vLLM"] = {k: _stats([h[k] / o[k] if o[k] else math.nan for h, o in zip(runs, own)])
                                           for k in FIGURES}
         rec["idle"] = {arm: {k: _stats([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
-                       for arm in ARMS}
+                       for arm in arms}
     return data
 
 
@@ -492,26 +559,78 @@ def goals(data: dict, tps) -> list[dict]:
     return out
 
 
+def _device_words(data: dict) -> str:
+    if data.get("device") != "sim":
+        return ""
+    base, per_token = data["sim_device_us"]
+    return f" on the simulated device ({base:g} us + {per_token:g} us a token per step)"
+
+
+def goals_sim(data: dict, tps) -> list[dict]:
+    """The simulated device's goals: each hotloop arm against vLLM (median of within-round ratios) at every TP."""
+    out = []
+    tp_all = list(tps)
+
+    def ratio(tp, arm, shape, key, base="vllm"):
+        if base == "vllm":
+            return data["tp"][tp][shape][f"{arm}/vLLM"][key]["median"]
+        return (data["tp"][tp][shape][arm][key]["median"] / data["tp"][tp][shape][base][key]["median"]
+                if data["tp"][tp][shape][base][key]["median"] else math.nan)
+
+    for arm in ("hotloop", "hotloop+loop"):
+        thr = {f"TP={tp} {s}": ratio(tp, arm, s, "req_per_s" if s == "arrivals" else "tok_per_s") for tp in tp_all
+               for s in ("arrivals", "decode", "single")}
+        out.append({"goal": f"{arm}: req/s (arrivals) and tok/s (decode, single) >= 1.0x vLLM's",
+                    "met": all(v >= 1.0 for v in thr.values()),
+                    "detail": ", ".join(f"{k} {v:.2f}" for k, v in thr.items())})
+        lat = {f"TP={tp} {s} {k.split('_ms')[0]}": ratio(tp, arm, s, k) for tp in tp_all
+               for s, k in (("arrivals", "ttft_p99_ms"), ("poisson", "ttft_p99_ms"), ("poisson", "itl_p99_ms"))}
+        out.append({"goal": f"{arm}: TTFT p99 (arrivals, Poisson) and ITL p99 (Poisson) <= 0.9x vLLM's",
+                    "met": all(v <= 0.9 for v in lat.values()),
+                    "detail": ", ".join(f"{k} {v:.2f}" for k, v in lat.items())})
+        cpu = {f"TP={tp}": ratio(tp, arm, "decode", "host_cpu_pct") for tp in tp_all}
+        cpu_spin = {f"TP={tp}": ratio(tp, arm, "decode", "host_cpu_pct", base="vllm+spinloop") for tp in tp_all}
+        out.append({"goal": f"{arm}: host CPU of the engine core and workers while decoding <= 0.25x vLLM's and "
+                            "<= 0.5x vLLM's with its spinloop extension",
+                    "met": all(v <= 0.25 for v in cpu.values()) and all(v <= 0.5 for v in cpu_spin.values()),
+                    "detail": ", ".join(f"{k} {cpu[k]:.2f} / {cpu_spin[k]:.2f}" for k in cpu)})
+    hand = {f"TP={tp} {s}": data["tp"][tp][s]["hotloop+loop"]["handoff_p50_us"]["median"] for tp in tp_all
+            for s in ("arrivals", "poisson")}
+    out.append({"goal": "hotloop+loop: hand-off from the input thread to the scheduler during a step p50 <= 50 us",
+                "met": all(v <= 50 for v in hand.values()),
+                "detail": ", ".join(f"{k} {v:.0f} us" for k, v in hand.items())})
+    idle = {tp: max(data["tp"][tp]["idle"][arm]["waiters"]["median"] for arm in ("hotloop", "hotloop+loop"))
+            for tp in tp_all}
+    out.append({"goal": "idle after a burst: the threads hotloop waits in <= 0.05 % of a core",
+                "met": all(v <= 0.05 for v in idle.values()),
+                "detail": ", ".join(f"TP={tp} {v:.3f} %" for tp, v in idle.items())})
+    out.append({"goal": "greedy outputs identical in every arm", "met": data["identical_greedy_outputs"],
+                "detail": ("yes" if data["identical_greedy_outputs"]
+                           else "differ: " + ", ".join(data["outputs_differ"]))})
+    return out
+
+
 def render(data: dict, tps, quick: bool) -> Report:
     parts = []
     n = data["rounds"]
+    arms = tuple(data["arms"])
     for shape in data["shapes"]:
         keys = SHAPE_FIGURES[shape["name"]]
         rows = []
         for tp in tps:
             per = data["tp"][tp][shape["name"]]
-            for arm in ARMS:
+            for arm in arms:
                 rows.append([f"TP={tp} {arm}"] + [_cell(per[arm][k], FIGURES[k][1]) for k in keys])
-            for arm in ARMS[1:]:
+            for arm in arms[1:]:
                 rows.append([f"TP={tp} {arm}/vLLM"] + [_cell(per[f"{arm}/vLLM"][k], 2) for k in keys])
         how = "all at once" if shape["rate"] <= 0 else f"Poisson {shape['rate']:g} req/s"
         parts.append(table(
-            f"vLLM {data['vllm_version']} AsyncLLM, shape '{shape['name']}': {shape['n']} requests of "
+            f"vLLM {data['vllm_version']} AsyncLLM{_device_words(data)}, shape '{shape['name']}': {shape['n']} requests of "
             f"{shape['prompt_tokens']} prompt / {shape['output_tokens']} output tokens, {how}; median (min-max) "
             f"over {n} round{'s' * (n > 1)}", ["TP / arm"] + [FIGURES[k][0] for k in keys], rows))
     hop_rows = []
     for tp in tps:
-        for arm in ARMS:
+        for arm in arms:
             hops = data["tp"][tp]["poisson"][arm]["hops_ms"]
             hop_rows.append([f"TP={tp} {arm}"] + [fmt(hops.get(h, math.nan), 2) for h in _hop_names()])
     parts.append(table("Where a request's time to first token goes (shape 'poisson'; ms, median over requests, "
@@ -520,12 +639,24 @@ def render(data: dict, tps, quick: bool) -> Report:
                             "end submit -> engine core input thread -> scheduler -> step broadcast -> worker read "
                             "-> step done -> response read -> outputs made -> first output at the front end."))
     idle_rows = [[f"TP={tp} {arm}"] + [_cell(data["tp"][tp]["idle"][arm][k], 2) for k in IDLE_PARTS]
-                 for tp in tps for arm in ARMS]
+                 for tp in tps for arm in arms]
     parts.append(table("Idle CPU in the 3 s after the last burst, percent of one core (every thread's schedstat)",
                        ["TP / arm", "process tree", "gloo loops", "engine core + workers' main threads",
                         "front end process", "every other thread"], idle_rows,
                        note="The main threads of the engine core and the workers are where the queue's waits and "
                             "the engine-core loop run; torch's gloo loop threads wake every 10 ms in every arm."))
+    cpu_rows = []
+    for tp in tps:
+        for arm in arms:
+            pct = data["tp"][tp]["decode"][arm]["cpu_pct"]
+            workers = sorted(k for k in pct if k.startswith("worker"))
+            cpu_rows.append([f"TP={tp} {arm}", fmt(pct.get("front_end", 0.0), 0), fmt(pct.get("engine_core", 0.0), 0),
+                             " / ".join(fmt(pct[w], 0) for w in workers), fmt(pct.get("engine_core+workers"), 0),
+                             fmt(pct.get("other", 0.0), 0)])
+    parts.append(table("Host CPU while decoding (shape 'decode'), percent of one core per process (every thread's "
+                       "schedstat over the shape's span; median over rounds)",
+                       ["TP / arm", "front end", "engine core", "each worker", "engine core + workers", "other"],
+                       cpu_rows))
     parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
                            for g in data["goals"]))
     parts.append("Method: one fresh engine per TP and arm (vLLM: vLLM's queue and loop; hotloop: hotloop's queue, "
@@ -569,19 +700,20 @@ def _plot(data: dict, raw: dict, tps, path: str) -> str:
     # 2: where time to first token goes, per arm (poisson, largest TP)
     ax = axes[1]
     tp = max(tps)
-    bottom = [0.0] * len(ARMS)
+    arms = tuple(data["arms"])
+    bottom = [0.0] * len(arms)
     from hotloop.vllm.timeline import HOPS
 
     for h in HOPS:
-        v = [data["tp"][tp]["poisson"][arm]["hops_ms"].get(h, 0.0) or 0.0 for arm in ARMS]
+        v = [data["tp"][tp]["poisson"][arm]["hops_ms"].get(h, 0.0) or 0.0 for arm in arms]
         v = [0.0 if isinstance(x, float) and math.isnan(x) else x for x in v]
-        ax.bar(range(len(ARMS)), v, bottom=bottom, label=h)
+        ax.bar(range(len(arms)), v, bottom=bottom, label=h)
         bottom = [b + x for b, x in zip(bottom, v)]
-    ax.set_xticks(range(len(ARMS)), ARMS)
+    ax.set_xticks(range(len(arms)), arms)
     ax.set(title=f"time to first token by hop, TP={tp} poisson (ms, medians)")
     ax.legend(fontsize=6)
     # 3: TTFT distributions, poisson, largest TP
-    cdf_panel(axes[2], {arm: [x for r in raw[(tp, arm)] for x in r["poisson"]["ttft_ms"]] for arm in ARMS},
+    cdf_panel(axes[2], {arm: [x for r in raw[(tp, arm)] for x in r["poisson"]["ttft_ms"]] for arm in arms},
               f"time to first token (ms), TP={tp} poisson, all rounds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -597,7 +729,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="1 round of the short shapes")
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
-    ap.add_argument("--tp-sizes", default="1,2", help="tensor parallel sizes (default 1,2)")
+    ap.add_argument("--tp-sizes", default=None, help="tensor parallel sizes (default 1,2; 1,2,4 with --device sim)")
+    ap.add_argument("--device", choices=("cpu", "sim"), default="cpu",
+                    help="cpu: vLLM's CPU build computes the model; sim: the simulated device (hotloop.vllm.sim_device, "
+                    "HOTLOOP_VLLM_SIM_DEVICE=BASE_US+PER_TOKEN_US to change its step time)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the model, the prompts and the arrivals")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hotloop-bench-vllm.png")
@@ -608,8 +743,9 @@ def main(argv=None) -> int:
         return _shapes_driver(args)
     if args.rounds is not None and args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    tps = tuple(int(t) for t in args.tp_sizes.split(","))
-    data, text = run(quick=args.quick, rounds=args.rounds, tps=tps, seed=args.seed, plot_path=args.plot)
+    tps = tuple(int(t) for t in args.tp_sizes.split(",")) if args.tp_sizes else None
+    data, text = run(quick=args.quick, rounds=args.rounds, tps=tps, seed=args.seed, plot_path=args.plot,
+                     device=args.device)
     print(text)
     if args.json:
         with open(args.json, "w") as f:
