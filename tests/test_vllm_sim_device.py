@@ -1,13 +1,13 @@
-"""vLLM's CPU build on the simulated device (HOTLOOP_VLLM_SIM_DEVICE, hotloop.vllm.sim_device): every TP rank's
-model runs on it, in vLLM's own queue's arm and in hotloop's queue + engine-core loop's; greedy outputs are the
-device's deterministic tokens and identical across the arms; a step lasts at least its modelled time; the device
-leaves nothing in /dev/shm.
+"""vLLM's CPU build on the simulated device (HOTLOOP_VLLM_SIM_DEVICE, hotloop.vllm.sim_device), through a short
+run of ``hotloop bench vllm --device sim`` at TP=2: every TP rank's model runs on the device in each of the four
+arms (vLLM's queue, with its spinloop extension, hotloop's queue, hotloop's queue and engine-core loop); greedy
+outputs are the device's deterministic tokens and identical across the arms and shapes; a step lasts at least its
+modelled time; the device leaves nothing in /dev/shm.
 
-Needs vLLM; vLLM runs in child processes (``python -m hotloop.bench.vllm_bench --driver``). The two engines start
-at once (TP=2 each: forwards cost no CPU, so four workers share the two cores)."""
+Needs vLLM; vLLM runs in child processes, one engine at a time (forwards cost no CPU: two workers and the engine
+core share the two cores as on a GPU host)."""
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -15,67 +15,53 @@ from conftest import require_supported_vllm
 
 require_supported_vllm()
 
-from hotloop.bench.vllm_bench import Driver  # noqa: E402
+from hotloop.bench import vllm_bench  # noqa: E402
 from hotloop.vllm import tiny_model  # noqa: E402
 
-SIM = {"HOTLOOP_VLLM_SIM_DEVICE": "1300+2"}
 VOCAB = tiny_model.CONFIG["vocab_size"]
-OUTPUT = 48
 
 
 @pytest.fixture(scope="module")
-def engines():
-    model = tiny_model.build(0)
-    with ThreadPoolExecutor(2) as pool:
-        futs = {arm: pool.submit(Driver, 2, arm, model, SIM) for arm in ("vllm", "hotloop+loop")}
-        drivers = {arm: f.result() for arm, f in futs.items()}
-    results = {}
-    try:
-        for arm, d in drivers.items():
-            results[arm] = {"single": d.generate(1, OUTPUT), "batch": d.generate(6, OUTPUT),
-                            "sim": d.sim_device, "queue": d.queue_class}
-    finally:
-        left = {arm: d.close() for arm, d in drivers.items()}
-    yield results, left
+def record(monkeypatch_module):
+    monkeypatch_module.setenv("HOTLOOP_VLLM_SIM_DEVICE", "1300+2")
+    data, text = vllm_bench.run(quick=True, rounds=1, tps=(2,), device="sim", plot_path=None)
+    print(text)
+    return data
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
 
 
 def _follows_the_device(ids: list[int]) -> bool:
     """Whether ids[j+1] = (31 ids[j] + 7 (P + j) + 1) mod vocab for one prompt length P (sim_device's logits)."""
-    inv7 = pow(7, -1, VOCAB)
-    p = ((ids[1] - 31 * ids[0] - 1) * inv7) % VOCAB
+    p = ((ids[1] - 31 * ids[0] - 1) * pow(7, -1, VOCAB)) % VOCAB
     return all(ids[j + 1] == (31 * ids[j] + 7 * (p + j) + 1) % VOCAB for j in range(len(ids) - 1))
 
 
-def test_every_rank_runs_on_the_simulated_device(engines):
-    results, _ = engines
-    for arm, r in results.items():
-        ranks = sorted((w["rank"], w["world"]) for w in r["sim"] if w)
-        assert ranks == [(0, 2), (1, 2)], f"{arm}: the workers' devices are {r['sim']}"
-        assert all(w["base_us"] == 1300 and w["per_token_us"] == 2 for w in r["sim"])
+def test_every_arm_runs_and_its_outputs_are_the_devices_and_identical(record):
+    # run() raises unless each arm's workers ran on the simulated device, one per TP rank, on the arm's queue
+    assert record["device"] == "sim" and record["sim_device_us"] == (1300.0, 2.0)
+    assert record["arms"] == ["vllm", "vllm+spinloop", "hotloop", "hotloop+loop"]
+    assert record["identical_greedy_outputs"], record["outputs_differ"]
+    ids = record["single_token_ids"]
+    assert len(ids) == 128 and _follows_the_device(ids)
 
 
-def test_greedy_outputs_are_the_devices_and_identical_across_arms(engines):
-    results, _ = engines
-    for arm, r in results.items():
-        for shape in ("single", "batch"):
-            assert "error" not in r[shape], f"{arm} {shape}: {r[shape]}"
-            assert all(len(ids) == OUTPUT and _follows_the_device(ids) for ids in r[shape]["token_ids"]), \
-                f"{arm} {shape}: outputs are not the simulated device's"
-        batch = r["batch"]["token_ids"]
-        assert len({tuple(ids) for ids in batch}) > 1, "every request got the same tokens: a mix-up would not show"
-    assert results["vllm"]["single"]["token_ids"] == results["hotloop+loop"]["single"]["token_ids"]
-    assert results["vllm"]["batch"]["token_ids"] == results["hotloop+loop"]["batch"]["token_ids"]
+def test_a_step_takes_at_least_its_modelled_time(record):
+    # one request: 127 decode steps of one token after the prefill, each >= 1.302 ms on the device
+    for arm in record["arms"]:
+        tok_s = record["tp"][2]["single"][arm]["tok_per_s"]["median"]
+        assert tok_s <= 1 / 1.302e-3, f"{arm}: {tok_s:.0f} tok/s is faster than the device allows"
 
 
-def test_a_step_takes_at_least_its_modelled_time(engines):
-    results, _ = engines
-    for arm, r in results.items():
-        # one request: a prefill step then OUTPUT - 1 decode steps of 1 token, each >= 1.302 ms on the device
-        floor = (OUTPUT - 1) * 1.302e-3
-        assert r["single"]["wall_s"] >= floor, f"{arm}: {r['single']['wall_s']:.3f} s for {OUTPUT} tokens"
-
-
-def test_nothing_is_left(engines):
-    _, left = engines
-    assert left == {"vllm": {}, "hotloop+loop": {}}
+def test_the_record_has_every_figure_the_goals_read(record):
+    names = [g["goal"] for g in record["goals"]]
+    assert any("host CPU" in n for n in names) and any("hand-off" in n for n in names)
+    for arm in record["arms"]:
+        pct = record["tp"][2]["decode"][arm]["cpu_pct"]
+        assert {"front_end", "engine_core", "worker0", "worker1"} <= set(pct), pct
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("hotloop.devclock.")]

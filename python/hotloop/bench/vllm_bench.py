@@ -369,10 +369,11 @@ def _shapes_driver(args) -> int:
             max_model_len=512, max_num_seqs=16, seed=0, enforce_eager=True))
         try:
             queue_class = sorted(set(await engine.collective_rpc(_check_worker_queue)))
+            sim_device = await engine.collective_rpc(_check_sim_device)
             warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
             await asyncio.gather(*(one(engine, p, warm, f"warm{i}", 0.0, time.monotonic())
                                    for i, p in enumerate(_prompt_ids(4, 128, 99))))
-            out = {"queue_class": queue_class}
+            out = {"queue_class": queue_class, "sim_device": sim_device}
             for shape in shapes(args.quick, args.device):
                 out[shape.name] = await run_shape(engine, shape, args.seed)
             out["idle_pct"] = idle_cpu(os.getpid())[0]
@@ -411,6 +412,9 @@ def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: st
                            "HOTLOOP_BENCH_VERBOSE=1 to see its log")
     res = json.loads(p.stdout.strip().splitlines()[-1])
     _check_queue_class(arm, res.pop("queue_class"))
+    sim = res.pop("sim_device")
+    if (device == "sim") != all(sim) or (device == "sim" and sorted(w["rank"] for w in sim) != list(range(tp))):
+        raise RuntimeError(f"TP={tp} arm {arm}: asked for device {device!r}, the workers' simulated devices are {sim}")
     return res
 
 
@@ -471,7 +475,9 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
                 res = run_engine(tp, arm, model, quick, seed, device)
                 for shape in shapes(quick, device):
                     ids = res[shape.name].pop("token_ids")
-                    if ids != reference.setdefault(shape.name, ids):
+                    if shape.name not in reference:
+                        reference[shape.name] = ids
+                    elif ids != reference[shape.name]:
                         differ.add(f"TP={tp} {arm} round {rnd + 1} {shape.name}")
                 raw[(tp, arm)].append(res)
                 progress.step(f"round {rnd + 1} TP={tp} {arm}: poisson TTFT p50 "
@@ -481,7 +487,8 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     progress.close()
     data = summarize(raw, tps, quick, rounds, arms, device)
     data.update({"vllm_version": version, "supported": list(SUPPORTED_VLLM_VERSIONS), "seed": seed,
-                 "identical_greedy_outputs": not differ, "outputs_differ": sorted(differ), "device": device})
+                 "identical_greedy_outputs": not differ, "outputs_differ": sorted(differ), "device": device,
+                 "single_token_ids": reference["single"][0]})
     if device == "sim":
         from hotloop.vllm.sim_device import requested
 
