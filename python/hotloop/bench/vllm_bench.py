@@ -91,22 +91,26 @@ def tree_run_seconds(root: int) -> dict[str, float]:
 
 
 def process_kind(pid: int, cmd: str, root: int) -> str:
-    """front_end (the process that runs the front end), engine_core, worker<N> (vLLM's Worker_TP<N>) or other."""
+    """front_end (the process that runs the front end), engine_core, worker (vLLM's VLLM::Worker*) or other."""
     if pid == root:
         return "front_end"
     if "EngineCore" in cmd:
         return "engine_core"
     if "Worker" in cmd:
-        digits = "".join(ch for ch in cmd.split("Worker", 1)[1][:12] if ch.isdigit())
-        return f"worker{digits or '?'}"
+        return "worker"
     return "other"
 
 
 def cpu_by_process(root: int) -> dict[str, float]:
-    """CPU seconds (every thread's schedstat) of `root`'s tree by process kind (process_kind)."""
+    """CPU seconds (every thread's schedstat) of `root`'s tree by process kind (process_kind); the workers one by
+    one, worker0, worker1, ... in the order of their pids (the order vLLM starts its ranks in)."""
     out: dict[str, float] = {}
-    for pid, cmd in tree(root).items():
+    found = tree(root)
+    workers = sorted(pid for pid, cmd in found.items() if process_kind(pid, cmd, root) == "worker")
+    for pid, cmd in found.items():
         kind = process_kind(pid, cmd, root)
+        if kind == "worker":
+            kind = f"worker{workers.index(pid)}"
         with contextlib.suppress(OSError):
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with contextlib.suppress(OSError, ValueError):
@@ -449,15 +453,21 @@ SHAPE_FIGURES = {"arrivals": ("req_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p5
 
 
 def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
-        plot_path: str | None = "hotloop-bench-vllm.png", device: str = "cpu"):
+        plot_path: str | None = "hotloop-bench-vllm.png", device: str = "cpu", online: bool = False):
     """Every TP size and arm for `rounds` rounds (see the module docstring); `device` "sim" runs the model on the
     simulated device (hotloop.vllm.sim_device) with vLLM's spinloop extension as a fourth arm, TP 1, 2 and 4 by
-    default."""
+    default; `online` (sim only) runs the shapes through vllm serve and vllm bench serve (bench/vllm_online.py)."""
     try:
         import vllm  # noqa: F401
     except Exception as e:  # ImportError, or a vLLM that fails to import
         msg = f"skipped: vLLM is not importable here ({type(e).__name__}: {e}); pip install \"hotloop[vllm]\""
         return {"skipped": msg}, msg
+    if online:
+        if device != "sim":
+            raise ValueError("--online runs on the simulated device: add --device sim")
+        from hotloop.bench import vllm_online
+
+        return vllm_online.run(quick=quick, rounds=rounds, tps=tps, seed=seed)
     from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, check_version, tiny_model
 
     version = check_version()
@@ -741,6 +751,7 @@ def main(argv=None) -> int:
                     help="cpu: vLLM's CPU build computes the model; sim: the simulated device (hotloop.vllm.sim_device, "
                     "HOTLOOP_VLLM_SIM_DEVICE=BASE_US+PER_TOKEN_US to change its step time)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the model, the prompts and the arrivals")
+    ap.add_argument("--online", action="store_true", help="with --device sim: through vllm serve and vllm bench serve")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hotloop-bench-vllm.png")
     args = ap.parse_args(argv)
@@ -752,7 +763,7 @@ def main(argv=None) -> int:
         ap.error("--rounds must be at least 1")
     tps = tuple(int(t) for t in args.tp_sizes.split(",")) if args.tp_sizes else None
     data, text = run(quick=args.quick, rounds=args.rounds, tps=tps, seed=args.seed, plot_path=args.plot,
-                     device=args.device)
+                     device=args.device, online=args.online)
     print(text)
     if args.json:
         with open(args.json, "w") as f:
