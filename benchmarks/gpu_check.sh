@@ -11,8 +11,11 @@
 #      hotloop's and with hotloop's engine-core loop (greedy tokens must be equal), then `hotloop bench vllm`'s
 #      short run at TP=1 (the step on the GPU: the engine core's CPU is free while it runs). Skipped, saying so,
 #      without vLLM.
+#   5. (with vLLM) the worker's wait for its sampled tokens: hotloop's queue at TP=1, decoding 16 requests of 256
+#      tokens, with and without HOTLOOP_VLLM_DEVICE_WAIT=1 (hotloop.vllm.device_wait), 3 rounds alternating: the
+#      worker's and the engine core's host CPU (percent of a core over the run), tok/s, tokens equal.
 # Prints everything; writes build/gpu-check/* (tests-*.txt, notifier.json, bench.txt, engine.json, engine.txt,
-# engine.png, vllm-source.txt, vllm-tokens.txt, vllm.json, vllm.txt, vllm.png). Exits 2 at once with no usable
+# engine.png, vllm-source.txt, vllm-tokens.txt, vllm.json, vllm.txt, vllm.png, vllm-device-wait.txt). Exits 2 at once with no usable
 # GPU, 1 if a test failed.
 #
 # Needs: an NVIDIA driver, torch with CUDA, hotloop installed (or buildable here), pytest. Without network access,
@@ -101,4 +104,34 @@ PY
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 timeout 900 python3 -m hotloop.bench.vllm_bench --quick --tp-sizes 1 --json "$out/vllm.json" --plot "$out/vllm.png" \
   2>&1 | tee "$out/vllm.txt" | tail -40
+echo "== vLLM's worker: its sampled tokens waited for on a CUDA event (vLLM) or a hotloop StepNotifier"
+timeout 900 python3 - <<'PY' 2>&1 | tee "$out/vllm-device-wait.txt" | tail -12
+import statistics, sys, time
+from hotloop.bench.vllm_bench import Driver, cpu_by_process
+from hotloop.vllm import tiny_model
+
+if __name__ == "__main__":
+    model, rows, tokens = tiny_model.build(0), {"event": [], "notifier": []}, {}
+    for rnd in range(3):
+        for arm in (("event", "notifier") if rnd % 2 == 0 else ("notifier", "event")):
+            d = Driver(1, "hotloop", model, {"HOTLOOP_VLLM_DEVICE_WAIT": "1" if arm == "notifier" else "0"})
+            try:
+                d.generate(4, max_tokens=16)  # warm-up
+                k0, t0 = cpu_by_process(d.pid), time.monotonic()
+                out = d.generate(16, max_tokens=256)
+                span, k1 = time.monotonic() - t0, cpu_by_process(d.pid)
+                pct = {k: 100 * (k1[k] - k0.get(k, 0)) / span for k in k1}
+                rows[arm].append((pct.get("worker0", 0), pct.get("engine_core", 0), 16 * 256 / out["wall_s"]))
+                tokens.setdefault(arm, out["token_ids"])
+            finally:
+                d.close()
+    for arm, r in rows.items():
+        print(f"{arm:9s} worker CPU {statistics.median(x[0] for x in r):5.1f} %  engine core "
+              f"{statistics.median(x[1] for x in r):5.1f} %  {statistics.median(x[2] for x in r):7.0f} tok/s  "
+              f"(median of {len(r)}; runs {[round(x[0]) for x in r]})")
+    same = tokens["event"] == tokens["notifier"]
+    print("greedy tokens equal" if same else "TOKENS DIFFER")
+    sys.exit(0 if same else 1)
+PY
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit $status

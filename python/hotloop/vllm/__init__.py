@@ -21,6 +21,8 @@ Contract:
   either queue.
 - ``HOTLOOP_VLLM_SIM_DEVICE=1`` puts the model's forward on a simulated device (``sim_device.py``: benchmarks and
   tests of the GPU regime on vLLM's CPU build), on either queue; never on without it.
+- ``HOTLOOP_VLLM_DEVICE_WAIT=1`` (with the queue) makes a GPU worker wait for each step's sampled tokens on a
+  hotloop StepNotifier instead of a CUDA event (``device_wait.py``); off by default, a no-op without a CUDA driver.
 - The engine-core loop (``engine_loop.py``: inputs handled while a step runs, in one hotloop wait) comes with the
   queue when ``HOTLOOP_VLLM_LOOP`` is 1/true/yes/on (off by default until it meets its latency goals;
   docs/vllm.md). ``install()`` turns it on in a process that has vLLM's engine core loaded (the engine-core
@@ -130,6 +132,17 @@ def _install_loop() -> bool:
     return False
 
 
+def _install_device_wait() -> None:
+    """The GPU worker's wait for its sampled tokens on a StepNotifier, where HOTLOOP_VLLM_DEVICE_WAIT asks for it."""
+    from hotloop.vllm import device_wait
+
+    if device_wait.requested():
+        try:
+            device_wait.install()
+        except (ImportError, RuntimeError) as e:
+            log.warning("hotloop: %s=1 but not installed: %s", device_wait.ENV, e)
+
+
 def is_installed() -> bool:
     """Whether vLLM's MessageQueue is hotloop's in this process."""
     mod = sys.modules.get(_SHM_BROADCAST)
@@ -148,6 +161,7 @@ def install() -> list[str]:
     current = shm_broadcast.__dict__["MessageQueue"]
     if current is MessageQueue:
         _install_loop()
+        _install_device_wait()
         return [name for name, _ in _patched]
     _original = current
     for name, mod in list(sys.modules.items()):
@@ -158,6 +172,7 @@ def install() -> list[str]:
     log.info("hotloop: vLLM %s runs on hotloop's MessageQueue (shared-memory ring, GIL-free spin/yield/park waits) "
              "in process %d; patched %d module(s)", version, os.getpid(), len(_patched))
     _install_loop()
+    _install_device_wait()
     return [name for name, _ in _patched]
 
 
@@ -165,7 +180,10 @@ def uninstall() -> None:
     """Put vLLM's own MessageQueue back where install() replaced it (this process only; HOTLOOP_VLLM is
     removed from os.environ)."""
     global _original
+    from hotloop.vllm import device_wait
+
     engine_loop.uninstall()
+    device_wait.uninstall()
     if _original is not None:
         for name, attr in _patched:
             mod = sys.modules.get(name)
