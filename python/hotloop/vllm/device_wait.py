@@ -7,8 +7,8 @@ Contract:
   stream (``AsyncGPUModelRunnerOutput``, and ``AsyncGPUPoolingModelRunnerOutput`` for pooling models), records a
   ``torch.cuda.Event(blocking=True)`` after the copy and, in ``get_output()``, calls ``synchronize()`` on it. In
   vLLM 0.32 and 0.33 (read from their source) that event is a blocking-sync one (the driver sleeps the thread until
-  the device's interrupt), so the worker does not spin there; what this changes is who wakes it: the driver's blocking wait, or hotloop's park
-  rung from the stream's host callback, with the GIL released either way.
+  the device's interrupt), so the worker does not spin there; what this changes is who wakes it: the driver's
+  blocking wait, or hotloop's park rung from the stream's host callback, with the GIL released either way.
 - ``install()`` wraps both classes' ``__init__``: after vLLM's, it marks a token of this process's
   ``hotloop.cuda.StepNotifier`` (``stream_callback``, created on first use in the worker's thread, whose CUDA
   context is current) on the same side stream, after the copy, and puts a ``NotifiedEvent`` in the instance's
