@@ -85,10 +85,12 @@ PacedPlan WaitPolicy::plan(int64_t now) const noexcept {
   const int64_t srtt = pace_.srtt.load(std::memory_order_relaxed);
   const int64_t dev = pace_.rttvar.load(std::memory_order_relaxed);
   const int64_t late = pace_.late.load(std::memory_order_relaxed);
-  const int64_t margin = std::max(lead_ns_, 2 * dev) + late;
-  const int64_t window = std::min({2 * margin, srtt / 4, kPacedMaxWindowNs});
-  p.wake_ns = anchor + srtt - margin;
-  p.spin_end_ns = p.wake_ns + window;
+  // Spin from `half` before the predicted ready to `half` after it; the timed park ends `late` earlier still, as
+  // its timer fires about that late. The window (2 x half) is at most a quarter of the interval.
+  const int64_t due = anchor + srtt;
+  const int64_t half = std::min({std::max(lead_ns_, kPacedDevMultiple * dev), srtt / 8, kPacedMaxWindowNs / 2});
+  p.wake_ns = due - half - late;
+  p.spin_end_ns = due + half;
   p.predicted = now < p.spin_end_ns;  // a wait that starts after the window has nothing to predict
   return p;
 }

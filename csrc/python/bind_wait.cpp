@@ -163,13 +163,15 @@ void bind_wait(nb::module_& m) {
            "interval, e.g. anchor when a request is sent, to predict its answer.")
       .def_prop_ro("anchor_ns", [](const WaitPolicy& p) -> nb::object {
                      int64_t v = p.anchor_ns();
-                     return v < 0 ? nb::none() : nb::cast(v);
+                     if (v < 0) return nb::none();
+                     return nb::cast(v);
                    },
                    "Paced mode: the current anchor (time.monotonic_ns()), or None.")
       .def_prop_ro("interval_us",
                    [](const WaitPolicy& p) -> nb::object {
                      int64_t v = p.interval_ns();
-                     return v < 0 ? nb::none() : nb::float_(v / 1e3);
+                     if (v < 0) return nb::none();
+                     return nb::float_(v / 1e3);
                    },
                    "Paced mode: the learned interval between readies, or None.")
       .def_prop_ro("predicting", &WaitPolicy::predicting,
