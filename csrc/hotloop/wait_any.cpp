@@ -272,7 +272,6 @@ uint64_t park_once(SourceSet& set, int64_t until, uint64_t* timer_wakeups) {
   return set.check_bells() | set.fd_results();
 }
 
-
 // The wake-up latency of a park that `mask` ended: from the latest ring of a ready doorbell during the park (the
 // one that woke it, or a later one), when it rang after park_start.
 void note_ring_latency(const SourceSet& set, uint64_t mask, int64_t park_start, int64_t woke, WaitStats& st) {

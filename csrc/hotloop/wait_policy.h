@@ -21,7 +21,8 @@
 // due and sleeps on a timer until shortly before it, then spins through the predicted arrival:
 //  - anchor: the time the previous wait of this policy found something ready (the source's ready_since_ns() when
 //    it keeps one, the ring's stamp when a park was woken, else the time the wait noticed it), or what the caller
-//    set with anchor(t) (an engine core anchors when it broadcasts a step: its answer is due a step later).
+//    set with anchor(t) (an engine core anchors when it broadcasts a step: its answer is due a step later). A
+//    wait that finds a source ready at its first check moves nothing (when it became ready is not known).
 //  - estimate: interval samples (ready - anchor) feed a smoothed interval and its mean deviation, as TCP's SRTT
 //    and RTTVAR do (weights 1/8 and 1/4). A sample further than max(interval / 2, 4 x deviation) from the
 //    interval (an idle gap, a burst, an input that is not the answer) is a miss and is not fed; a short one
