@@ -283,7 +283,7 @@ def test_shared_memory_readers_wait_paced_by_default_and_the_setting_turns_it_of
         monkeypatch.setenv(env, value)
         assert not _attached_policy(1, 1, 0).paced, f"{env}={value}"
         monkeypatch.delenv(env)
-    monkeypatch.setenv("HOTLOOP_VLLM_PACED", "yes")
+    monkeypatch.setenv("HOTLOOP_VLLM_PACED", "sometimes")
     with pytest.raises(ValueError, match="HOTLOOP_VLLM_PACED"):
         _attached_policy(1, 1, 0)
 

@@ -8,8 +8,10 @@ Contract:
   decode step on a GPU host): the policy learns it from the time between messages, sleeps on a timer until
   shortly before the next one is due and spins through it; an early message still wakes it (a normal park wake-up),
   an idle period only parks (wait_policy.h, "Paced mode"). Measured with ``python -m hotloop.bench.queue_bench
-  --only periodic`` (a writer process sending 64 B every 1.4 ms +-10 %, 2-vCPU VM shared with other jobs):
-  p50 delivery PACED_FIGURES. A network reader keeps its own policy (it parks at once).
+  --only periodic`` (a writer process sending 64 B every 1.4 ms +-10 %, 2-vCPU VM shared with other jobs; medians
+  of 5 invocations of 3 alternating runs): p50 delivery 13.2 us (12.1-19.3) at 12.8 % of a spinning reader's CPU,
+  against 16.9 us (14.4-26.6) for the plain wait at 2.8 % and 9.8 us (2.9-10.8) spinning; p99 81.5 us against
+  136.5 and 35.6. A network reader keeps its own policy (it parks at once).
 
 - One object per reader queue (the thread that dequeues from it). ``read(read_fn, timeout)`` calls
   ``read_fn(timeout)`` (the queue's own timed dequeue) at most twice: first with a yield budget, under a policy
@@ -48,11 +50,14 @@ _SPIN_US = 20.0
 
 
 def paced_enabled() -> bool:
-    """Whether shared-memory readers wait with the paced policy: HOTLOOP_VLLM_PACED (default 1; 0 turns it off)."""
-    env = os.environ.get("HOTLOOP_VLLM_PACED", "").strip()
-    if env not in ("", "0", "1"):
-        raise ValueError(f"HOTLOOP_VLLM_PACED must be 0 or 1, got {env!r}")
-    return env != "0"
+    """Whether shared-memory readers wait with the paced policy: HOTLOOP_VLLM_PACED (default on; 0/false/no/off
+    turns it off, 1/true/yes/on or unset keeps it)."""
+    env = os.environ.get("HOTLOOP_VLLM_PACED", "").strip().lower()
+    if env in ("", "1", "true", "yes", "on"):
+        return True
+    if env in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"HOTLOOP_VLLM_PACED must be 0/false/no/off or 1/true/yes/on, got {env!r}")
 
 
 def reader_policy() -> WaitPolicy | None:
