@@ -571,7 +571,9 @@ POLICIES = {
 PERIODS = ((0.001, 0.2), (0.0014, 0.1), (0.005, 0.2), (0.020, 0.2))
 
 
-def _periodic_reader(handle, policy_kwargs, n, out):
+def _periodic_reader(handle, policy_kwargs, n, out, cpu=None):
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     r = MessageQueue.create_from_handle(handle, 0, policy=WaitPolicy(**policy_kwargs))
     lat = []
     c0, t0 = time.process_time(), time.monotonic()
@@ -582,16 +584,27 @@ def _periodic_reader(handle, policy_kwargs, n, out):
     _report(out, (lat, cpu, r._policy.paced_stats() if r._policy.paced else None))
 
 
-def _periodic(period_s, jitter, policy_kwargs, n):
+def _periodic(period_s, jitter, policy_kwargs, n, pin=False):
+    """pin: the reader on the first CPU this process may use, the writer on the second (as on a host with cores to
+    spare, where the two never share one)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = pin and len(cpus) >= 2
     q = MessageQueue(1)
     out = CTX.Queue()
-    child = CTX.Process(target=_periodic_reader, args=(q.export_handle(), policy_kwargs, n, out))
+    child = CTX.Process(target=_periodic_reader,
+                        args=(q.export_handle(), policy_kwargs, n, out, cpus[0] if pin else None))
     child.start()
     q.wait_until_ready(30)
     rng = random.Random(7)
-    for _ in range(n):
-        time.sleep(period_s * rng.uniform(1 - jitter, 1 + jitter))
-        q.enqueue_bytes(time.monotonic_ns().to_bytes(8, "little") + bytes(56))
+    if pin:
+        os.sched_setaffinity(0, {cpus[1]})
+    try:
+        for _ in range(n):
+            time.sleep(period_s * rng.uniform(1 - jitter, 1 + jitter))
+            q.enqueue_bytes(time.monotonic_ns().to_bytes(8, "little") + bytes(56))
+    finally:
+        if pin:
+            os.sched_setaffinity(0, cpus)
     lat, cpu, paced = out.get(timeout=120)
     child.join(30)
     q.close()
@@ -605,9 +618,9 @@ def _period_key(period_s: float) -> str:
     return f"{period_s * 1e3:g}ms"
 
 
-def periodic(quick: bool = False, runs: int = 1, progress=None, periods=PERIODS, policies=None):
+def periodic(quick: bool = False, runs: int = 1, progress=None, periods=PERIODS, policies=None, pin: bool = False):
     """Section (e) alone: {(period, policy): result} (the median over `runs` alternating runs of each figure) and
-    its table."""
+    its table. pin: reader and writer on two different CPUs (see _periodic)."""
     policies = policies or list(POLICIES)
     n = 60 if quick else 400
     per_runs = {(p, name): [] for p, _ in periods for name in policies}
@@ -616,7 +629,7 @@ def periodic(quick: bool = False, runs: int = 1, progress=None, periods=PERIODS,
             for name in policies:
                 if progress:
                     progress.step(f"periodic {period * 1e3:g} ms {name} ({i + 1}/{runs})")
-                per_runs[(period, name)].append(_periodic(period, jitter, POLICIES[name], n))
+                per_runs[(period, name)].append(_periodic(period, jitter, POLICIES[name], n, pin))
     per = {k: _periodic_median(v) for k, v in per_runs.items()}
     prow = []
     for period, jitter in periods:
@@ -630,8 +643,8 @@ def periodic(quick: bool = False, runs: int = 1, progress=None, periods=PERIODS,
                          fmt(100 * cpu / spin["reader_cpu_pct"]) if spin and spin["reader_cpu_pct"] else "-",
                          f"{ps['hit']}/{ps['early']}/{ps['late']} of {ps['predicted']}" if ps else "-"])
     t = table(
-        f"(e) periodic traffic ({n} messages of 64 B per row; median of {runs} alternating run(s)): delivery "
-        "latency, us",
+        f"(e) periodic traffic ({n} messages of 64 B per row; median of {runs} alternating run(s)"
+        f"{'; reader and writer pinned to two CPUs' if pin else ''}): delivery latency, us",
         ["period", "reader policy", "p50", "p99", "p50 vs spin", "reader CPU %", "% of spin's CPU",
          "paced hit/early/late"],
         prow,
@@ -815,6 +828,8 @@ def main(argv=None) -> int:
                     help="--only periodic: periods in ms with their jitter, e.g. '1:0.2,1.4:0.1' (default: all)")
     ap.add_argument("--policies", default=None,
                     help=f"--only periodic: comma-separated, from {list(_SHORT)} (default: all)")
+    ap.add_argument("--pin", action="store_true",
+                    help="--only periodic: reader and writer on two different CPUs (a host with cores to spare)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     if args.only == "periodic":
@@ -822,7 +837,7 @@ def main(argv=None) -> int:
         if args.periods:
             periods = tuple((float(p) / 1e3, float(j)) for p, j in (x.split(":") for x in args.periods.split(",")))
         policies = [_SHORT[x.strip()] for x in args.policies.split(",")] if args.policies else None
-        per, t = periodic(not args.full, args.runs or 3, None, periods, policies)
+        per, t = periodic(not args.full, args.runs or 3, None, periods, policies, args.pin)
         data = {"periodic": {f"{_period_key(k[0])} {k[1]}": v for k, v in per.items()}}
         data["goals"] = check_goals([g for g in goals(data) if g.table == "periodic"], data)
         text = Report([t])
