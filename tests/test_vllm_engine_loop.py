@@ -12,7 +12,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from hotloop import ClosedError, wait_any
+from hotloop import ClosedError, WaitPolicy, wait_any
 from hotloop.vllm import MessageQueue
 from hotloop.vllm.engine_loop import EngineInputQueue, StepWait, _InputQueueSlot
 
@@ -258,3 +258,52 @@ def test_timeline_hops_split_each_requests_time_to_first_token():
     assert [got[h][1] for h in HOPS] == [1.0, 1.0, 7.0, 2.0, 12.0, 2.0, 1.0, 9.0]
     for i in range(2):
         assert sum(got[h][i] for h in HOPS) == got["time to first token"][i]
+
+
+# ---- the paced wait (step_wait.py, engine_loop.py) ----
+
+def _attached_policy(n_reader, n_local_reader, rank, policy=None):
+    """The policy reader `rank` of a fresh queue attaches with."""
+    writer = MessageQueue(n_reader, n_local_reader, max_chunk_bytes=1 << 16)
+    try:
+        reader = MessageQueue.create_from_handle(writer.export_handle(), rank, policy=policy)
+        reader.close()
+        return reader._policy
+    finally:
+        writer.close()
+
+
+def test_shared_memory_readers_wait_paced_by_default_and_the_setting_turns_it_off(monkeypatch):
+    monkeypatch.delenv("HOTLOOP_VLLM_PACED", raising=False)
+    monkeypatch.delenv("HOTLOOP_VLLM_YIELD_US", raising=False)
+    assert _attached_policy(1, 1, 0).paced
+    assert not _attached_policy(1, 0, 0).paced, "a network reader keeps its own policy (it parks at once)"
+    assert not _attached_policy(1, 1, 0, WaitPolicy()).paced, "a policy passed in is used as given"
+    for env, value in (("HOTLOOP_VLLM_PACED", "0"), ("HOTLOOP_VLLM_YIELD_US", "100")):
+        monkeypatch.setenv(env, value)
+        assert not _attached_policy(1, 1, 0).paced, f"{env}={value}"
+        monkeypatch.delenv(env)
+    monkeypatch.setenv("HOTLOOP_VLLM_PACED", "sometimes")
+    with pytest.raises(ValueError, match="HOTLOOP_VLLM_PACED"):
+        _attached_policy(1, 1, 0)
+
+
+def test_step_wait_is_paced_and_learns_the_step_from_the_broadcast(response_queue, monkeypatch):
+    monkeypatch.delenv("HOTLOOP_VLLM_PACED", raising=False)
+    writer, reader = response_queue
+    wait = StepWait(FakeCore())
+    assert wait.policy.paced
+    futures = deque()
+    for i in range(8):
+        step = rpc(futures, [reader])
+        step._hotloop_sent_ns = time.monotonic_ns()  # as the installed FutureWrapper.__init__ stamps it
+        t = threading.Timer(0.005, writer.enqueue, args=((0, i),))  # the "step" answers 5 ms after the broadcast
+        t.start()
+        wait.wait_for(step)
+        t.join()
+        assert step.result() == i
+    st = wait.policy.paced_stats()
+    assert st["samples"] >= 4, st
+    assert 4_000 <= wait.policy.interval_us < 100_000, "broadcast -> answer, not answer -> answer"
+    monkeypatch.setenv("HOTLOOP_VLLM_PACED", "0")
+    assert not StepWait(FakeCore()).policy.paced

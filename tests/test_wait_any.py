@@ -41,7 +41,8 @@ def test_returns_the_ready_sources_in_order_and_consumes_nothing():
     assert len(q) == 1
 
 
-@pytest.mark.parametrize("policy", [PARK_AT_ONCE, WaitPolicy(), WaitPolicy(spin_us=50_000), WaitPolicy(adaptive=True)])
+@pytest.mark.parametrize("policy", [PARK_AT_ONCE, WaitPolicy(), WaitPolicy(spin_us=50_000), WaitPolicy(adaptive=True),
+                                    WaitPolicy(paced=True)])
 def test_timeout_is_honoured(policy):
     t0 = time.monotonic()
     assert wait_any([Flag()], timeout=0.05, policy=policy) == []
@@ -182,6 +183,72 @@ def test_wait_policy_fields_and_adaptive_learning():
         t.join()
     assert w.policy.recent_wait_us > 30
     assert w.policy.budgets_us() == (w.policy.min_spin_us, 0.0), "events 4 ms apart: park almost at once"
+
+
+def test_paced_policy_surface():
+    p = WaitPolicy(paced=True)
+    assert p.paced and not WaitPolicy().paced and "paced=True" in repr(p)
+    assert (p.spin_us, p.yield_us, p.adaptive) == (20.0, 10.0, False), "the other defaults are unchanged"
+    assert p.lead_us == 20.0 and WaitPolicy(paced=True, lead_us=50).lead_us == 50.0
+    assert p.anchor_ns is None and p.interval_us is None and not p.predicting
+    assert p.paced_stats() == {"predicted": 0, "hit": 0, "early": 0, "late": 0, "samples": 0, "misses": 0,
+                               "interval_us": -1.0, "deviation_us": 0.0, "timer_late_us": 30.0}
+    before = time.monotonic_ns()
+    p.anchor()
+    assert before <= p.anchor_ns <= time.monotonic_ns()
+    p.anchor(12345)
+    assert p.anchor_ns == 12345
+    p.paced = False
+    assert not p.paced
+    with pytest.raises(ValueError):
+        WaitPolicy(paced=True, lead_us=-1)
+
+
+def _train(waiter, flag, period_s, n):
+    """n readies `period_s` apart, on a schedule kept by a thread (late ticks do not push the later ones)."""
+    def ring():
+        t = time.monotonic()
+        for _ in range(n):
+            t += period_s
+            time.sleep(max(0.0, t - time.monotonic()))
+            flag.set()
+
+    ringer = threading.Thread(target=ring)
+    ringer.start()
+    got = 0
+    while got < n:
+        assert waiter.wait(timeout=5) == [flag], "a ring was lost"
+        flag.clear()
+        got += 1
+    ringer.join()
+
+
+def test_paced_waiter_learns_a_steady_period_and_predicts():
+    f = Flag()
+    w = Waiter([f], policy=WaitPolicy(paced=True))
+    _train(w, f, 0.004, 60)
+    st = w.policy.paced_stats()
+    assert st["samples"] >= 10 and st["predicted"] >= 10, st
+    assert 2_000 < w.policy.interval_us < 8_000, st
+    assert st["hit"] + st["early"] + st["late"] == st["predicted"], "no predicted wait timed out"
+
+
+def test_paced_wait_is_woken_early_by_a_ring_during_its_timed_park():
+    f = Flag()
+    w = Waiter([f], policy=WaitPolicy(paced=True))
+    _train(w, f, 0.05, 8)  # the next ready is predicted ~50 ms after the last
+    assert w.policy.predicting
+    early = w.policy.paced_stats()["early"]
+    w.policy.anchor(time.monotonic_ns() + 10_000_000_000)  # predicted 10 s from now: the wait parks on a timer
+    result = []
+    t = threading.Thread(target=lambda: result.append(w.wait(timeout=30)))
+    t0 = time.monotonic()
+    t.start()
+    wait_until(lambda: f.parked == 1, what="the paced wait parking")
+    f.set()
+    t.join()
+    assert result == [[f]] and time.monotonic() - t0 < 5
+    assert w.policy.paced_stats()["early"] == early + 1
 
 
 def test_many_waiters_on_one_flag_all_wake():

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -271,6 +272,53 @@ uint64_t park_once(SourceSet& set, int64_t until, uint64_t* timer_wakeups) {
   return set.check_bells() | set.fd_results();
 }
 
+// The wake-up latency of a park that `mask` ended: from the latest ring of a ready doorbell during the park (the
+// one that woke it, or a later one), when it rang after park_start.
+void note_ring_latency(const SourceSet& set, uint64_t mask, int64_t park_start, int64_t woke, WaitStats& st) {
+  int64_t rung = 0;
+  for (int i = 0; i < set.n_bells; ++i) {
+    if (mask & (uint64_t(1) << set.bell_index[i])) rung = std::max(rung, set.bells[i]->rung_ns());
+  }
+  if (rung >= park_start) st.wake_latency_ns = woke - rung;
+}
+
+// A paced park's timer should fire when asked, not up to the default 50 us slack later (wait_policy.h).
+void precise_timer_slack() noexcept {
+  thread_local bool set = false;
+  if (set) return;
+  set = true;
+  ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(WaitPolicy::kPacedTimerSlackNs), 0, 0, 0);
+}
+
+// The paced pre-park (wait_policy.h, "Paced mode"): a timed sleep until the predicted wake point, which a ring
+// or readable descriptor ends early; the caller's deadline wins. Returns the ready mask when a source ended it
+// ("early"), else 0 with *woke the time it woke.
+uint64_t paced_prepark(SourceSet& set, int64_t wake_ns, int64_t deadline, WaitPolicy& policy,
+                       const WaitHooks* hooks, WaitStats& st, int64_t* woke) {
+  precise_timer_slack();
+  const int64_t end = std::min(wake_ns, deadline);
+  const int64_t hook_slice = hooks ? hooks->slice_ns : 0;
+  const int64_t t0 = now_ns();
+  int64_t t = t0;
+  while (t < end) {
+    ++st.parks;
+    uint64_t mask = park_once(set, hook_slice > 0 ? std::min(end, t + hook_slice) : end, nullptr);
+    t = now_ns();
+    if (mask != 0) {
+      st.phase_ns[2] += uint64_t(t - t0);
+      note_ring_latency(set, mask, t0, t, st);
+      *woke = t;
+      return mask;
+    }
+    set.check_fds_still_open();
+    if (t < end && hooks && hooks->on_slice) hooks->on_slice(hooks->ctx);
+  }
+  if (wake_ns <= deadline) policy.record_timer_lateness(t - wake_ns);
+  st.phase_ns[2] += uint64_t(t - t0);
+  *woke = t;
+  return 0;
+}
+
 }  // namespace
 
 uint64_t ready_mask(Source* const* sources, size_t n) {
@@ -300,8 +348,10 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
 
   const int64_t start = now_ns();
   const int64_t deadline = timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns;
-  const WaitBudgets budgets = policy.budgets();
+  WaitBudgets budgets = policy.budgets();
   const int64_t fd_check = policy.fd_check_ns();
+  const PacedPlan plan = policy.paced() ? policy.plan(start) : PacedPlan{};
+  bool early = false;  // a ring ended the paced pre-park
   // Ends a wait that found `mask` ready; `now` is the time if already read (-1: not read since the last check).
   auto finish = [&](uint64_t mask, int64_t now) {
     for (uint64_t m = mask; m != 0; m &= m - 1) {
@@ -314,6 +364,15 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
       s->count_wake_latency(st.wake_latency_ns);
     }
     if (policy.adaptive()) policy.record((now < 0 ? now_ns() : now) - start);
+    if (policy.paced()) {
+      if (now < 0) now = now_ns();
+      policy.observe_ready(st.wake_latency_ns >= 0 ? now - st.wake_latency_ns : now);
+      if (plan.predicted) {
+        policy.count_paced(early                           ? PacedOutcome::kEarly
+                           : st.phase == WaitPhase::kSpin ? PacedOutcome::kHit
+                                                          : PacedOutcome::kLate);
+      }
+    }
     record_wait(st);
     return mask;
   };
@@ -321,16 +380,32 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   nvtx::Scope wait_range(nvtx::Range::kWait);
   nvtx::Scope spin_range(nvtx::Range::kSpin);
 
+  // Paced: park on a timer until shortly before the predicted ready, then spin through it (wait_policy.h).
+  int64_t spin_start = start;
+  if (plan.predicted) {
+    policy.count_predicted();
+    if (plan.wake_ns - start > WaitPolicy::kPacedMinParkNs) {
+      st.phase = WaitPhase::kPark;
+      st.end = WaitEnd::kPark;
+      if (uint64_t mask = paced_prepark(set, plan.wake_ns, deadline, policy, hooks, st, &spin_start)) {
+        early = true;
+        return finish(mask, spin_start);
+      }
+    }
+    budgets.spin_ns = std::max<int64_t>(plan.spin_end_ns - spin_start, 0);
+  }
+
   // Spin: check the doorbell sources every iteration, the clock every 8, descriptors at a bounded rate.
   st.phase = WaitPhase::kSpin;
   st.end = WaitEnd::kSpin;
-  const int64_t spin_end = std::min(deadline, start + budgets.spin_ns);
-  int64_t next_fd_check = start + fd_check;
-  int64_t t = start;  // the last clock read
+  const int64_t spin_end = std::min(deadline, spin_start + budgets.spin_ns);
+  int64_t next_fd_check = spin_start + fd_check;
+  int64_t t = spin_start;  // the last clock read
+  int64_t next_yield = plan.predicted ? spin_start + WaitPolicy::kPacedYieldEveryNs : kForever;
   for (uint64_t i = 1; budgets.spin_ns > 0; ++i) {
     if (uint64_t mask = set.check_bells()) {
       st.spins = i;
-      st.phase_ns[0] = uint64_t(t - start);
+      st.phase_ns[0] = uint64_t(t - spin_start);
       return finish(mask, -1);
     }
     cpu_relax();
@@ -339,7 +414,7 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
       if (set.n_fds > 0 && t >= next_fd_check) {
         if (uint64_t mask = set.check_fds()) {
           st.spins = i;
-          st.phase_ns[0] = uint64_t(t - start);
+          st.phase_ns[0] = uint64_t(t - spin_start);
           return finish(mask, -1);
         }
         next_fd_check = t + fd_check;
@@ -348,9 +423,13 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
         st.spins = i;
         break;
       }
+      if (t >= next_yield) {  // paced: let a writer woken onto this core run (wait_policy.h)
+        sched_yield();
+        next_yield = t + WaitPolicy::kPacedYieldEveryNs;
+      }
     }
   }
-  st.phase_ns[0] = uint64_t(t - start);
+  st.phase_ns[0] = uint64_t(t - spin_start);
 
   // Yield: let other threads on this core run between checks.
   st.phase = WaitPhase::kYield;
@@ -391,7 +470,7 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
     t = now_ns();
     if (t >= deadline) {
       policy.record(timeout_ns);
-      st.phase_ns[2] = uint64_t(t - park_start);
+      st.phase_ns[2] += uint64_t(t - park_start);
       uint64_t mask = set.check_all();
       if (mask == 0) st.end = WaitEnd::kTimeout;
       record_wait(st);
@@ -403,13 +482,8 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
     ++st.parks;
     if (uint64_t mask = park_once(set, until, safety_bound ? &st.safety_wakeups : nullptr)) {
       const int64_t woke = now_ns();
-      st.phase_ns[2] = uint64_t(woke - park_start);
-      // The latest ring of a ready doorbell during this park (the one that woke it, or a later one).
-      int64_t rung = 0;
-      for (int i = 0; i < set.n_bells; ++i) {
-        if (mask & (uint64_t(1) << set.bell_index[i])) rung = std::max(rung, set.bells[i]->rung_ns());
-      }
-      if (rung >= t) st.wake_latency_ns = woke - rung;
+      st.phase_ns[2] += uint64_t(woke - park_start);
+      note_ring_latency(set, mask, t, woke, st);
       return finish(mask, woke);
     }
     set.check_fds_still_open();

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common.h"
+#include "hotloop/clock.h"
 #include "hotloop/fd_source.h"
 #include "hotloop/flag.h"
 #include "hotloop/wait_policy.h"
@@ -119,17 +120,23 @@ void bind_wait(nb::module_& m) {
   nb::class_<WaitPolicy>(m, "WaitPolicy",
                          "How a wait spins, then yields, then parks. Budgets in microseconds. adaptive=True sizes "
                          "the spin from recent wait durations (spin when events come quickly, park when they do "
-                         "not); give each waiting loop its own adaptive policy.")
+                         "not); give each waiting loop its own adaptive policy. paced=True learns the interval "
+                         "between readies (from the anchor: the previous ready, or anchor()) and, once steady, "
+                         "sleeps on a timer until shortly before the next one is due (lead_us, or twice the "
+                         "interval's deviation, plus the timer's lateness), then spins through it; a message that "
+                         "comes earlier still wakes it. Sets the waiting thread's timer slack to 1 us.")
       .def("__init__",
            [](WaitPolicy* self, double spin_us, double yield_us, bool adaptive, double min_spin_us,
-              double fd_check_us) {
-             new (self) WaitPolicy(us_to_ns(spin_us, "spin_us"), us_to_ns(yield_us, "yield_us"), adaptive);
+              double fd_check_us, bool paced, double lead_us) {
+             new (self) WaitPolicy(us_to_ns(spin_us, "spin_us"), us_to_ns(yield_us, "yield_us"), adaptive, paced);
              self->set_min_spin_ns(us_to_ns(min_spin_us, "min_spin_us"));
              self->set_fd_check_ns(us_to_ns(fd_check_us, "fd_check_us"));
+             self->set_lead_ns(us_to_ns(lead_us, "lead_us"));
            },
            "spin_us"_a = WaitPolicy::kDefaultSpinNs / 1e3, "yield_us"_a = WaitPolicy::kDefaultYieldNs / 1e3,
            "adaptive"_a = false, "min_spin_us"_a = WaitPolicy::kDefaultMinSpinNs / 1e3,
-           "fd_check_us"_a = WaitPolicy::kDefaultFdCheckNs / 1e3)
+           "fd_check_us"_a = WaitPolicy::kDefaultFdCheckNs / 1e3, "paced"_a = false,
+           "lead_us"_a = WaitPolicy::kDefaultLeadNs / 1e3)
       .def_prop_rw("spin_us", [](const WaitPolicy& p) { return p.spin_ns() / 1e3; },
                    [](WaitPolicy& p, double v) { p.set_spin_ns(us_to_ns(v, "spin_us")); })
       .def_prop_rw("yield_us", [](const WaitPolicy& p) { return p.yield_ns() / 1e3; },
@@ -144,6 +151,49 @@ void bind_wait(nb::module_& m) {
                      return nb::float_(v / 1e3);
                    },
                    "Moving average of recent wait durations (adaptive mode), or None before the first wait.")
+      .def_prop_rw("paced", &WaitPolicy::paced, &WaitPolicy::set_paced)
+      .def_prop_rw("lead_us", [](const WaitPolicy& p) { return p.lead_ns() / 1e3; },
+                   [](WaitPolicy& p, double v) { p.set_lead_ns(us_to_ns(v, "lead_us")); })
+      .def("anchor",
+           [](WaitPolicy& p, const nb::object& t_ns) {
+             p.anchor(t_ns.is_none() ? now_ns() : nb::cast<int64_t>(t_ns));
+           },
+           "t_ns"_a = nb::none(),
+           "Paced mode: predict the next ready at t_ns (time.monotonic_ns(); default: now) + the learned "
+           "interval, e.g. anchor when a request is sent, to predict its answer.")
+      .def_prop_ro("anchor_ns", [](const WaitPolicy& p) -> nb::object {
+                     int64_t v = p.anchor_ns();
+                     if (v < 0) return nb::none();
+                     return nb::cast(v);
+                   },
+                   "Paced mode: the current anchor (time.monotonic_ns()), or None.")
+      .def_prop_ro("interval_us",
+                   [](const WaitPolicy& p) -> nb::object {
+                     int64_t v = p.interval_ns();
+                     if (v < 0) return nb::none();
+                     return nb::float_(v / 1e3);
+                   },
+                   "Paced mode: the learned interval between readies, or None.")
+      .def_prop_ro("predicting", &WaitPolicy::predicting,
+                   "Paced mode: whether the next wait is predicted (the intervals are steady).")
+      .def("paced_stats",
+           [](const WaitPolicy& p) {
+             PacedStats s = p.paced_stats();
+             nb::dict d;
+             d["predicted"] = s.predicted;
+             d["hit"] = s.hit;
+             d["early"] = s.early;
+             d["late"] = s.late;
+             d["samples"] = s.samples;
+             d["misses"] = s.misses;
+             d["interval_us"] = p.interval_ns() < 0 ? -1.0 : p.interval_ns() / 1e3;
+             d["deviation_us"] = p.interval_dev_ns() / 1e3;
+             d["timer_late_us"] = p.timer_late_ns() / 1e3;
+             return d;
+           },
+           "Paced mode: waits predicted, and how they ended: hit (ready during the spin window), early (a ring "
+           "woke the timed park), late (the window passed); interval samples fed and rejected (misses); the "
+           "learned interval, deviation and timer lateness (us).")
       .def("budgets_us",
            [](const WaitPolicy& p) {
              WaitBudgets b = p.budgets();
@@ -152,7 +202,8 @@ void bind_wait(nb::module_& m) {
            "The (spin, yield) budgets the next wait will use.")
       .def("__repr__", [](const WaitPolicy& p) {
         return "WaitPolicy(spin_us=" + std::to_string(p.spin_ns() / 1e3) +
-               ", yield_us=" + std::to_string(p.yield_ns() / 1e3) + ", adaptive=" + (p.adaptive() ? "True" : "False") + ")";
+               ", yield_us=" + std::to_string(p.yield_ns() / 1e3) + ", adaptive=" + (p.adaptive() ? "True" : "False") +
+               (p.paced() ? ", paced=True" : "") + ")";
       });
 
   nb::class_<Waiter>(m, "Waiter",

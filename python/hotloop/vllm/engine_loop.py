@@ -23,8 +23,13 @@ Contract:
   that is shut down (the executor's monitor does that when a worker dies) wakes the wait and the future fails as
   it would in vLLM. Where the response queues are not hotloop's, or the future's queues cannot be found, vLLM's
   blocking ``result()`` runs unchanged.
-- Nothing polls: the wait parks on the response rings' and the input queue's doorbells (``WaitPolicy()``: spin
-  20 us, yield 10 us, then a futex).
+- Nothing polls: the wait parks on the response rings' and the input queue's doorbells. Its policy is paced
+  (``WaitPolicy(paced=True)``; ``HOTLOOP_VLLM_PACED=0``: ``WaitPolicy()``, spin 20 us, yield 10 us, then a futex):
+  anchored when the step is broadcast (the executor's ``FutureWrapper`` is stamped as it is made, right after
+  ``rpc_broadcast_mq.enqueue``), it learns how long a step takes from broadcast to answer, sleeps on a timer until
+  shortly before the answer is due and spins through it; an input or an early answer still wakes it at once
+  (``step_wait.py`` has the figures). Every wait for the same step is anchored at that step's broadcast, so the
+  wait for a second rank's answer after the first one's spins through the same window instead of sleeping.
 
 Turned on by the plugin with ``HOTLOOP_VLLM_LOOP=1`` (see ``hotloop.vllm``); ``uninstall()`` restores vLLM's.
 """
@@ -38,6 +43,7 @@ import threading
 import time
 
 from hotloop._core import InputQueue, WaitPolicy, wait_any
+from hotloop.vllm import step_wait as _step_wait
 from hotloop.vllm.class_patches import ClassPatches
 
 _ENGINE_CORE = "vllm.v1.engine.core"
@@ -146,7 +152,7 @@ class StepWait:
         self.core = core
         self.inputs = core.input_queue
         self.thread = threading.get_ident()
-        self.policy = WaitPolicy()
+        self.policy = WaitPolicy(paced=_step_wait.paced_enabled())
         self.busy = False  # inside wait_for: a nested result() (a utility calling the executor) blocks as vLLM's
         self.inputs_in_step = 0  # inputs handled while a step ran (tests and the bench read it)
 
@@ -167,6 +173,9 @@ class StepWait:
                 if not pending or (left is not None and left <= 0):
                     fifo.pop()._wait_for_response()  # its answer is there (or it is shut down / out of time)
                     continue
+                sent = getattr(head, "_hotloop_sent_ns", None)
+                if sent is not None:
+                    self.policy.anchor(sent)  # the answer is due a step after the broadcast
                 ready = wait_any([self.inputs, *pending], timeout=left, policy=self.policy)
                 if self.inputs in ready:
                     self._handle_inputs()
@@ -226,6 +235,18 @@ def _waiting_result(result):
     return wrapper
 
 
+def _stamped_init(init):
+    """FutureWrapper.__init__ that notes when the future was made: vLLM's collective_rpc makes it right after it
+    broadcast the call, so it is when the workers got the step (the paced wait's anchor)."""
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        self._hotloop_sent_ns = time.monotonic_ns()
+        init(self, *args, **kwargs)
+
+    wrapper.__hotloop__ = True
+    return wrapper
+
+
 def in_step() -> bool:
     """Whether this thread is handling inputs while an engine step runs (inside the loop's wait)."""
     step_wait = getattr(_local, "wait", None)
@@ -254,6 +275,8 @@ def install() -> None:
     _patches.set(proc, "_process_engine_step", _in_step(proc.__dict__["_process_engine_step"]))
     _patches.set(proc, "hotloop_loop_state", loop_state)
     _patches.set(future, "result", _waiting_result(future.__dict__["result"]))
+    if "__init__" in future.__dict__:  # without it, the paced wait anchors at the previous answer instead
+        _patches.set(future, "__init__", _stamped_init(future.__dict__["__init__"]))
 
 
 def uninstall() -> None:

@@ -22,8 +22,10 @@ Contract:
   (where vLLM's own queue would wait until its timeout).
 - ``dequeue(timeout=None)`` without ``indefinite`` logs vLLM's "No available shared memory broadcast block"
   line every ``VLLM_RINGBUFFER_WARNING_INTERVAL`` seconds of waiting, as vLLM's queue does; the wait itself is
-  hotloop's (spin, yield, park, GIL released): an idle reader costs no CPU. ``HOTLOOP_VLLM_YIELD_US`` makes a reader
-  yield up to that long before it parks while steps come within it (``step_wait.py``; off by default).
+  hotloop's (spin, yield, park, GIL released): an idle reader costs no CPU. A shared-memory reader waits with the
+  paced policy by default (it learns the step period, sleeps on a timer until shortly before the next message and
+  spins through it; ``HOTLOOP_VLLM_PACED=0`` turns it off; ``step_wait.py``); ``HOTLOOP_VLLM_YIELD_US`` instead
+  makes a reader yield up to that long before it parks while steps come within it (off by default).
 - What differs: the ring holds 4 x min(max_chunk_bytes, RING_CHUNK_CAP) bytes (``max_chunks`` is ignored); a
   larger message is split across records instead of going over a socket. ``enable_shm_tensor_arena`` is
   ignored (tensors travel out-of-band through the ring: one copy in, one out). ``acquire_read`` lends the
@@ -163,6 +165,8 @@ class MessageQueue(_hl.MessageQueue):
                                  f"{handle.local_reader_ranks}, remote ranks {handle.remote_reader_ranks}); "
                                  "attach with the rank the queue was created for")
         paced = step_wait.StepPacedWait()  # first: a bad HOTLOOP_VLLM_YIELD_US fails before attaching
+        if policy is None and slot < inner.n_local_reader:
+            policy = step_wait.reader_policy()  # a shared-memory reader: paced unless HOTLOOP_VLLM_PACED=0
         self = super().create_from_handle(inner, slot, policy)
         paced.park_policy = self._policy  # the reader's own (a network reader's parks at once)
         self.handle = handle
