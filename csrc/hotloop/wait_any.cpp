@@ -319,6 +319,30 @@ uint64_t paced_prepark(SourceSet& set, int64_t wake_ns, int64_t deadline, WaitPo
   return 0;
 }
 
+// The start of a predicted wait: the timed pre-park when the wake point is far enough ahead, then the spin window
+// (budgets.spin_ns from *spin_start). Returns the ready mask when a source ended the pre-park ("early"), else 0.
+uint64_t paced_start(SourceSet& set, const PacedPlan& plan, int64_t deadline, WaitPolicy& policy,
+                     const WaitHooks* hooks, WaitStats& st, WaitBudgets& budgets, int64_t* spin_start) {
+  policy.count_predicted();
+  if (plan.wake_ns - *spin_start > WaitPolicy::kPacedMinParkNs) {
+    st.phase = WaitPhase::kPark;
+    st.end = WaitEnd::kPark;
+    if (uint64_t mask = paced_prepark(set, plan.wake_ns, deadline, policy, hooks, st, spin_start)) return mask;
+  }
+  budgets.spin_ns = std::max<int64_t>(plan.spin_end_ns - *spin_start, 0);
+  return 0;
+}
+
+// The end of a paced wait that found a source ready at `now`: feeds the interval estimate (the ready time: the
+// source's own, the ring's stamp, or now) and counts how a predicted wait ended.
+void paced_end(WaitPolicy& policy, const PacedPlan& plan, bool early, const WaitStats& st, int64_t now) {
+  policy.observe_ready(st.wake_latency_ns >= 0 ? now - st.wake_latency_ns : now);
+  if (!plan.predicted) return;
+  policy.count_paced(early                           ? PacedOutcome::kEarly
+                     : st.phase == WaitPhase::kSpin ? PacedOutcome::kHit
+                                                    : PacedOutcome::kLate);
+}
+
 }  // namespace
 
 uint64_t ready_mask(Source* const* sources, size_t n) {
@@ -364,15 +388,7 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
       s->count_wake_latency(st.wake_latency_ns);
     }
     if (policy.adaptive()) policy.record((now < 0 ? now_ns() : now) - start);
-    if (policy.paced()) {
-      if (now < 0) now = now_ns();
-      policy.observe_ready(st.wake_latency_ns >= 0 ? now - st.wake_latency_ns : now);
-      if (plan.predicted) {
-        policy.count_paced(early                           ? PacedOutcome::kEarly
-                           : st.phase == WaitPhase::kSpin ? PacedOutcome::kHit
-                                                          : PacedOutcome::kLate);
-      }
-    }
+    if (policy.paced()) paced_end(policy, plan, early, st, now < 0 ? now_ns() : now);
     record_wait(st);
     return mask;
   };
@@ -383,16 +399,10 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   // Paced: park on a timer until shortly before the predicted ready, then spin through it (wait_policy.h).
   int64_t spin_start = start;
   if (plan.predicted) {
-    policy.count_predicted();
-    if (plan.wake_ns - start > WaitPolicy::kPacedMinParkNs) {
-      st.phase = WaitPhase::kPark;
-      st.end = WaitEnd::kPark;
-      if (uint64_t mask = paced_prepark(set, plan.wake_ns, deadline, policy, hooks, st, &spin_start)) {
-        early = true;
-        return finish(mask, spin_start);
-      }
+    if (uint64_t mask = paced_start(set, plan, deadline, policy, hooks, st, budgets, &spin_start)) {
+      early = true;
+      return finish(mask, spin_start);
     }
-    budgets.spin_ns = std::max<int64_t>(plan.spin_end_ns - spin_start, 0);
   }
 
   // Spin: check the doorbell sources every iteration, the clock every 8, descriptors at a bounded rate.

@@ -39,16 +39,18 @@
 //  - timer slack: a thread's first paced park sets its timer slack to kPacedTimerSlackNs
 //    (prctl(PR_SET_TIMERSLACK); per thread, and it stays: the thread's other timed sleeps get as precise). The
 //    default slack (50 us) would add up to 50 us of lateness to every timed park.
-// Measured (python -m hotloop.bench.queue_bench --only periodic: a writer process sends 64 B every 1.4 ms +-10 %
-// to a reader process; 2-vCPU VM shared with other jobs; medians of 5 invocations of 3 alternating runs, ranges in
-// brackets): paced p50 13.2 us [12.1-19.3] at 12.8 % [12.6-13.7] of an always-spinning reader's CPU, against 9.8 us
-// [2.9-10.8] spinning and 16.9 us [14.4-26.6] for the fixed policy (2.8 % CPU); 71-81 % of the waits saw the
-// message in the spin window. At 1 ms +-20 %: 13.2 us [12.5-18.0] at 14.5 % against 10.0 [4.1-10.9] and 15.7
-// [13.9-20.1]. On this VM most spin-window hits (68-89 % in a C++ two-thread run) find the writer woken onto the
-// reader's own vCPU, where a hit costs two context switches (~11 us) instead of ~0.6 us; a spinning reader keeps
-// its vCPU and never meets the writer there. So p50 within 1.2x of spinning held in 4 of 14 runs; the CPU (<= 25 %)
-// in all. The statistics (paced_stats()) count predicted waits and how they ended; a predicted wait that timed out
-// is in none of hit / early / late.
+// Measured (python -m hotloop.bench.queue_bench --only periodic --full: a writer process sends 64 B every 1.4 ms
+// +-10 % to a reader process; 2-vCPU VM while other jobs ran (load 1.4-2.1); medians of 5 invocations of 3
+// alternating runs, ranges in brackets): paced p50 31.0 us [26.6-37.4], p99 289 us, at 12.7 % [10.3-12.9] of an
+// always-spinning reader's CPU; spinning 14.4 us [11.7-18.0] (p99 567); the fixed policy 34.8 us [32.0-54.8]
+// (p99 801) at 3.7 %; adaptive 42.6 us. 83-95 % of the predicted waits saw the message in the spin window (54 % in
+// one run). At 1 ms +-20 %: 27.9 us [26.1-36.1] at 12.8 %, against 16.1 and 37.4. So p50 is 1.5-2.6x a spinning
+// reader's, not 1.2x: on this VM most hits find the writer woken onto the reader's own vCPU (68-96 % of hits in a
+// C++ two-thread run), where a hit costs a hand-over (~10 us) instead of ~0.6 us; a spinning reader keeps its vCPU
+// and never meets the writer there. Pinned to two CPUs in C++ (no other load), hits cost 0.5 us against 0.3 us
+// spinning, and 86 % of waits were hits.
+// The statistics (paced_stats()) count predicted waits and how they ended; a predicted wait that timed out is in
+// none of hit / early / late.
 #pragma once
 
 #include <atomic>

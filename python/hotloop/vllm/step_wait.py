@@ -8,10 +8,11 @@ Contract:
   decode step on a GPU host): the policy learns it from the time between messages, sleeps on a timer until
   shortly before the next one is due and spins through it; an early message still wakes it (a normal park wake-up),
   an idle period only parks (wait_policy.h, "Paced mode"). Measured with ``python -m hotloop.bench.queue_bench
-  --only periodic`` (a writer process sending 64 B every 1.4 ms +-10 %, 2-vCPU VM shared with other jobs; medians
-  of 5 invocations of 3 alternating runs): p50 delivery 13.2 us (12.1-19.3) at 12.8 % of a spinning reader's CPU,
-  against 16.9 us (14.4-26.6) for the plain wait at 2.8 % and 9.8 us (2.9-10.8) spinning; p99 81.5 us against
-  136.5 and 35.6. A network reader keeps its own policy (it parks at once).
+  --only periodic --full`` (a writer process sending 64 B every 1.4 ms +-10 %, 2-vCPU VM while other jobs ran;
+  medians of 5 invocations of 3 alternating runs): p50 delivery 31.0 us (26.6-37.4) at 12.7 % of a spinning
+  reader's CPU, against 34.8 us (32.0-54.8) for the plain wait at 3.7 % and 14.4 us (11.7-18.0) spinning; p99 289
+  us against 801 and 567 (wait_policy.h says why a hit costs more than spinning on this VM). A network reader
+  keeps its own policy (it parks at once).
 
 - One object per reader queue (the thread that dequeues from it). ``read(read_fn, timeout)`` calls
   ``read_fn(timeout)`` (the queue's own timed dequeue) at most twice: first with a yield budget, under a policy
