@@ -296,7 +296,7 @@ def test_step_wait_is_paced_and_learns_the_step_from_the_broadcast(response_queu
     futures = deque()
     for i in range(8):
         step = rpc(futures, [reader])
-        step._hotloop_sent_ns = time.monotonic_ns()  # as the installed FutureWrapper.__init__ stamps it
+        step._hotloop_sent_ns = time.monotonic_ns()  # as the installed FutureWrapper.__init__ stamps it (below)
         t = threading.Timer(0.005, writer.enqueue, args=((0, i),))  # the "step" answers 5 ms after the broadcast
         t.start()
         wait.wait_for(step)
@@ -307,3 +307,17 @@ def test_step_wait_is_paced_and_learns_the_step_from_the_broadcast(response_queu
     assert 4_000 <= wait.policy.interval_us < 100_000, "broadcast -> answer, not answer -> answer"
     monkeypatch.setenv("HOTLOOP_VLLM_PACED", "0")
     assert not StepWait(FakeCore()).policy.paced
+
+
+def test_the_installed_future_init_stamps_when_the_call_was_broadcast():
+    from hotloop.vllm.engine_loop import _stamped_init
+
+    class Stamped(FutureWrapper):
+        pass
+
+    Stamped.__init__ = _stamped_init(FutureWrapper.__init__)
+    futures = deque()
+    before = time.monotonic_ns()
+    f = Stamped(futures, lambda: "answer")
+    assert before <= f._hotloop_sent_ns <= time.monotonic_ns()
+    assert list(futures) == [f] and f.result() == "answer", "vLLM's own __init__ still runs"
