@@ -17,6 +17,15 @@ gloo loop threads apart). A round runs one engine per TP and arm, the arm that g
 each cell is the median (min-max) over rounds and each ratio is taken within a round. Greedy token ids are
 compared across arms and rounds per shape.
 
+``--device sim``: the model's forward on the simulated device (``hotloop.vllm.sim_device``: vLLM's host work real,
+each forward a modelled device time off the CPU, 1.3 ms + 2 us a token by default, TP ranks ending a step
+together), in the upstream shapes' token counts (``shapes(quick, "sim")``), at TP 1, 2 and 4 (OpenMP threads bound
+``0``, ``0|1``, ``0|1|0|1``; the tiny model four heads wide), with a fourth arm, vLLM's queue with its spinloop
+extension (``VLLM_USE_SPINLOOP_EXT=1``). Per shape it adds the host CPU of each process (front end, engine core,
+each worker: every thread's schedstat over the shape's span, percent of one core). ``--online`` runs the same
+shapes through vLLM's own server and client instead (``vllm_online.py``). ``--arms`` picks arms (vLLM's first),
+``hotloop-plain`` among them (hotloop's queue with its readers' plain wait, ``HOTLOOP_VLLM_PACED=0``).
+
 ``Driver`` (``--driver``) is the offline ``LLM.generate`` harness the vLLM tests use.
 
 On this machine (few cores) TP=2 binds the workers' OpenMP threads one core each (``VLLM_CPU_OMP_THREADS_BIND``
@@ -44,6 +53,10 @@ ARMS = ("vllm", "hotloop", "hotloop+loop")  # vLLM's queue and loop; hotloop's q
 # on the simulated device, vLLM's own cheaper spin (its spinloop extension) is a fourth arm
 SIM_ARMS = ("vllm", "vllm+spinloop", "hotloop", "hotloop+loop")
 BIND = {1: "0", 2: "0|1", 4: "0|1|0|1"}  # TP=4 on the simulated device: its forwards cost no CPU
+
+
+# selectable with --arms: hotloop's queue with its readers' plain wait (HOTLOOP_VLLM_PACED=0) instead of the paced one
+EXTRA_ARMS = ("hotloop-plain",)
 
 
 def arms_for(device: str) -> tuple[str, ...]:
@@ -179,6 +192,7 @@ def _env(tp: int, arm: str, device: str = "cpu") -> dict:
     sim = {"HOTLOOP_VLLM_SIM_DEVICE": os.environ.get("HOTLOOP_VLLM_SIM_DEVICE") or "1"} if device == "sim" else {}
     return dict(os.environ, **sim, HOTLOOP_VLLM="0" if arm.startswith("vllm") else "1",
                 VLLM_USE_SPINLOOP_EXT="1" if arm == "vllm+spinloop" else "0",
+                HOTLOOP_VLLM_PACED="0" if arm == "hotloop-plain" else os.environ.get("HOTLOOP_VLLM_PACED", "1"),
                 HOTLOOP_VLLM_LOOP="1" if arm == "hotloop+loop" else "0", HOTLOOP_VLLM_TIMELINE="1",
                 VLLM_CPU_KVCACHE_SPACE="1",
                 VLLM_CPU_OMP_THREADS_BIND=BIND.get(tp, "auto"), TOKENIZERS_PARALLELISM="false",
@@ -453,7 +467,7 @@ SHAPE_FIGURES = {"arrivals": ("req_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p5
 
 
 def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
-        plot_path: str | None = "hotloop-bench-vllm.png", device: str = "cpu", online: bool = False):
+        plot_path: str | None = "hotloop-bench-vllm.png", device: str = "cpu", online: bool = False, arms=None):
     """Every TP size and arm for `rounds` rounds (see the module docstring); `device` "sim" runs the model on the
     simulated device (hotloop.vllm.sim_device) with vLLM's spinloop extension as a fourth arm, TP 1, 2 and 4 by
     default; `online` (sim only) runs the shapes through vllm serve and vllm bench serve (bench/vllm_online.py)."""
@@ -472,7 +486,10 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
 
     version = check_version()
     tps = tuple(tps or ((1, 2, 4) if device == "sim" else (1, 2)))
-    arms = arms_for(device)
+    arms = tuple(arms or arms_for(device))
+    if arms[0] != "vllm" or not set(arms) <= set(ARMS + SIM_ARMS + EXTRA_ARMS):
+        raise ValueError(f"arms must start with vllm (the baseline) and be among {ARMS + SIM_ARMS + EXTRA_ARMS}, "
+                         f"got {arms}")
     model = tiny_model.build(seed, heads=4 if 4 in tps else 2)
     rounds = rounds or (1 if quick else 3)
     progress = Progress(f"bench vllm ({device})", rounds * len(tps) * len(arms))
@@ -503,7 +520,8 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
         from hotloop.vllm.sim_device import requested
 
         data["sim_device_us"] = requested() or _sim_spec()
-    data["goals"] = goals_sim(data, tps) if device == "sim" else goals(data, tps)
+    full = set(arms) >= set(arms_for(device))
+    data["goals"] = (goals_sim(data, tps) if device == "sim" else goals(data, tps)) if full else []
     text = render(data, tps, quick)
     if plot_path:
         text.append(_plot(data, raw, tps, plot_path))
@@ -696,6 +714,7 @@ def _plot(data: dict, raw: dict, tps, path: str) -> str:
     if plt is None:
         return NO_PLOT
     fig, axes = plt.subplots(1, 3, figsize=(20, 5))
+    last = data["arms"][-1]
     # 1: the loop arm's within-round ratios to vLLM's, per goal figure, with the goal lines
     ax = axes[0]
     labels, vals, lo, hi = [], [], [], []
@@ -703,7 +722,7 @@ def _plot(data: dict, raw: dict, tps, path: str) -> str:
         for s, k in (("poisson", "ttft_p50_ms"), ("poisson", "ttft_p99_ms"), ("poisson", "itl_p99_ms"),
                      ("arrivals", "ttft_p99_ms"), ("arrivals", "req_per_s"), ("decode", "tok_per_s"),
                      ("single", "tok_per_s"), ("poisson", "cpu_s_per_1k_tok")):
-            st = data["tp"][tp][s]["hotloop+loop/vLLM"][k]
+            st = data["tp"][tp][s][f"{last}/vLLM"][k]
             labels.append(f"TP{tp} {s}\n{FIGURES[k][0]}")
             vals.append(st["median"])
             lo.append(st["median"] - st["min"])
@@ -712,7 +731,7 @@ def _plot(data: dict, raw: dict, tps, path: str) -> str:
     ax.axhline(1.0, color="k", lw=1, ls="--", label="vLLM (1.0)")
     ax.axhline(0.6, color="tab:red", lw=1, ls=":", label="CPU goal (0.6)")
     ax.set_xticks(range(len(labels)), labels, fontsize=6, rotation=60)
-    ax.set(title="hotloop+loop / vLLM within each round (median, min-max)")
+    ax.set(title=f"{last} / vLLM within each round (median, min-max)")
     ax.legend(fontsize=8)
     # 2: where time to first token goes, per arm (poisson, largest TP)
     ax = axes[1]
@@ -751,6 +770,8 @@ def main(argv=None) -> int:
                     help="cpu: vLLM's CPU build computes the model; sim: the simulated device (hotloop.vllm.sim_device, "
                     "HOTLOOP_VLLM_SIM_DEVICE=BASE_US+PER_TOKEN_US to change its step time)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the model, the prompts and the arrivals")
+    ap.add_argument("--arms", default=None, help="comma-separated arms, vllm first (default: the device's; "
+                    f"also {', '.join(EXTRA_ARMS)})")
     ap.add_argument("--online", action="store_true", help="with --device sim: through vllm serve and vllm bench serve")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hotloop-bench-vllm.png")
@@ -763,7 +784,7 @@ def main(argv=None) -> int:
         ap.error("--rounds must be at least 1")
     tps = tuple(int(t) for t in args.tp_sizes.split(",")) if args.tp_sizes else None
     data, text = run(quick=args.quick, rounds=args.rounds, tps=tps, seed=args.seed, plot_path=args.plot,
-                     device=args.device, online=args.online)
+                     device=args.device, online=args.online, arms=args.arms.split(",") if args.arms else None)
     print(text)
     if args.json:
         with open(args.json, "w") as f:
