@@ -55,8 +55,8 @@ SIM_ARMS = ("vllm", "vllm+spinloop", "hotloop", "hotloop+loop")
 BIND = {1: "0", 2: "0|1", 4: "0|1|0|1"}  # TP=4 on the simulated device: its forwards cost no CPU
 
 
-# selectable with --arms: hotloop's queue with its readers' plain wait (HOTLOOP_VLLM_PACED=0) instead of the paced one
-EXTRA_ARMS = ("hotloop-plain",)
+# selectable with --arms: hotloop's arms with the readers' plain wait (HOTLOOP_VLLM_PACED=0) instead of the paced one
+EXTRA_ARMS = ("hotloop-plain", "hotloop+loop-plain")
 
 
 def arms_for(device: str) -> tuple[str, ...]:
@@ -192,8 +192,8 @@ def _env(tp: int, arm: str, device: str = "cpu") -> dict:
     sim = {"HOTLOOP_VLLM_SIM_DEVICE": os.environ.get("HOTLOOP_VLLM_SIM_DEVICE") or "1"} if device == "sim" else {}
     return dict(os.environ, **sim, HOTLOOP_VLLM="0" if arm.startswith("vllm") else "1",
                 VLLM_USE_SPINLOOP_EXT="1" if arm == "vllm+spinloop" else "0",
-                HOTLOOP_VLLM_PACED="0" if arm == "hotloop-plain" else os.environ.get("HOTLOOP_VLLM_PACED", "1"),
-                HOTLOOP_VLLM_LOOP="1" if arm == "hotloop+loop" else "0", HOTLOOP_VLLM_TIMELINE="1",
+                HOTLOOP_VLLM_PACED="0" if arm.endswith("-plain") else os.environ.get("HOTLOOP_VLLM_PACED", "1"),
+                HOTLOOP_VLLM_LOOP="1" if arm.startswith("hotloop+loop") else "0", HOTLOOP_VLLM_TIMELINE="1",
                 VLLM_CPU_KVCACHE_SPACE="1",
                 VLLM_CPU_OMP_THREADS_BIND=BIND.get(tp, "auto"), TOKENIZERS_PARALLELISM="false",
                 VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
