@@ -500,12 +500,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
         for tp in tps:
             for arm in order:
                 res = run_engine(tp, arm, model, quick, seed, device)
-                for shape in shapes(quick, device):
-                    ids = res[shape.name].pop("token_ids")
-                    if shape.name not in reference:
-                        reference[shape.name] = ids
-                    elif ids != reference[shape.name]:
-                        differ.add(f"TP={tp} {arm} round {rnd + 1} {shape.name}")
+                compare_outputs(res, "token_ids", reference, differ, f"TP={tp} {arm} round {rnd + 1}")
                 raw[(tp, arm)].append(res)
                 progress.step(f"round {rnd + 1} TP={tp} {arm}: poisson TTFT p50 "
                               f"{res['poisson']['ttft_p50_ms']:.1f} ms, decode {res['decode']['tok_per_s']:.0f} "
@@ -526,6 +521,37 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     if plot_path:
         text.append(_plot(data, raw, tps, plot_path))
     return data, text
+
+
+def compare_outputs(res: dict, key: str, reference: dict, differ: set, label: str) -> None:
+    """Take each shape's outputs (res[shape][key]) out of one engine's figures; the first engine's are the reference,
+    a shape whose outputs differ from it is added to `differ` as "<label> <shape>"."""
+    for shape, figures in res.items():
+        if not isinstance(figures, dict) or key not in figures:
+            continue
+        outputs = figures.pop(key)
+        if shape not in reference:
+            reference[shape] = outputs
+        elif outputs != reference[shape]:
+            differ.add(f"{label} {shape}")
+
+
+def identical_goal(data: dict, what: str) -> dict:
+    return {"goal": f"{what} identical in every arm", "met": data["identical_greedy_outputs"],
+            "detail": "yes" if data["identical_greedy_outputs"] else "differ: " + ", ".join(data["outputs_differ"])}
+
+
+def cpu_rows(data: dict, tps, last) -> list[list]:
+    """Per TP and arm: the decode shape's host CPU per process (front end, engine core, each worker), then
+    last(tp, arm, pct)'s cells."""
+    rows = []
+    for tp in tps:
+        for arm in data["arms"]:
+            pct = data["tp"][tp]["decode"][arm]["cpu_pct"]
+            workers = sorted(k for k in pct if k.startswith("worker"))
+            rows.append([f"TP={tp} {arm}", fmt(pct.get("front_end", 0.0), 0), fmt(pct.get("engine_core", 0.0), 0),
+                         " / ".join(fmt(pct[w], 0) for w in workers)] + last(tp, arm, pct))
+    return rows
 
 
 def _sim_spec() -> tuple[float, float]:
@@ -639,9 +665,7 @@ def goals_sim(data: dict, tps) -> list[dict]:
     out.append({"goal": "idle after a burst: the threads hotloop waits in <= 0.05 % of a core",
                 "met": all(v <= 0.05 for v in idle.values()),
                 "detail": ", ".join(f"TP={tp} {v:.3f} %" for tp, v in idle.items())})
-    out.append({"goal": "greedy outputs identical in every arm", "met": data["identical_greedy_outputs"],
-                "detail": ("yes" if data["identical_greedy_outputs"]
-                           else "differ: " + ", ".join(data["outputs_differ"]))})
+    out.append(identical_goal(data, "greedy outputs"))
     return out
 
 
@@ -680,18 +704,11 @@ def render(data: dict, tps, quick: bool) -> Report:
                         "front end process", "every other thread"], idle_rows,
                        note="The main threads of the engine core and the workers are where the queue's waits and "
                             "the engine-core loop run; torch's gloo loop threads wake every 10 ms in every arm."))
-    cpu_rows = []
-    for tp in tps:
-        for arm in arms:
-            pct = data["tp"][tp]["decode"][arm]["cpu_pct"]
-            workers = sorted(k for k in pct if k.startswith("worker"))
-            cpu_rows.append([f"TP={tp} {arm}", fmt(pct.get("front_end", 0.0), 0), fmt(pct.get("engine_core", 0.0), 0),
-                             " / ".join(fmt(pct[w], 0) for w in workers), fmt(pct.get("engine_core+workers"), 0),
-                             fmt(pct.get("other", 0.0), 0)])
     parts.append(table("Host CPU while decoding (shape 'decode'), percent of one core per process (every thread's "
                        "schedstat over the shape's span; median over rounds)",
                        ["TP / arm", "front end", "engine core", "each worker", "engine core + workers", "other"],
-                       cpu_rows))
+                       cpu_rows(data, tps, lambda tp, arm, pct: [fmt(pct.get("engine_core+workers"), 0),
+                                                                  fmt(pct.get("other", 0.0), 0)])))
     parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
                            for g in data["goals"]))
     parts.append("Method: one fresh engine per TP and arm (vLLM: vLLM's queue and loop; hotloop: hotloop's queue, "

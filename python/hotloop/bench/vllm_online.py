@@ -28,7 +28,7 @@ import urllib.request
 
 from hotloop.bench import vllm_bench
 from hotloop.bench.report import Progress, Report, fmt, median, table
-from hotloop.bench.vllm_bench import BIND, IDLE_PARTS, SIM_ARMS, cpu_by_process, idle_cpu, shapes
+from hotloop.bench.vllm_bench import IDLE_PARTS, SIM_ARMS, cpu_by_process, idle_cpu, shapes
 
 FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": ("TTFT p50 ms", 1),
            "ttft_p99_ms": ("TTFT p99 ms", 1), "itl_p50_ms": ("ITL p50 ms", 2), "itl_p99_ms": ("ITL p99 ms", 2),
@@ -161,12 +161,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0)
         for tp in tps:
             for arm in order:
                 res = run_server(tp, arm, model, quick, seed)
-                for shape in shapes(quick, "sim"):
-                    texts = res[shape.name].pop("texts")
-                    if shape.name not in reference:
-                        reference[shape.name] = texts
-                    elif texts != reference[shape.name]:
-                        differ.add(f"TP={tp} {arm} round {rnd + 1} {shape.name}")
+                vllm_bench.compare_outputs(res, "texts", reference, differ, f"TP={tp} {arm} round {rnd + 1}")
                 raw[(tp, arm)].append(res)
                 progress.step(f"round {rnd + 1} TP={tp} {arm}: arrivals {res['arrivals']['req_per_s']:.0f} req/s, "
                               f"TTFT p99 {res['arrivals']['ttft_p99_ms']:.1f} ms, decode "
@@ -234,8 +229,7 @@ def goals(data: dict, tps) -> list[dict]:
                             "and <= 0.5x vLLM's with its spinloop extension",
                     "met": all(a <= 0.25 and b <= 0.5 for a, b in cpu.values()),
                     "detail": ", ".join(f"TP={tp} {a:.2f} / {b:.2f}" for tp, (a, b) in cpu.items())})
-    out.append({"goal": "online: generated texts identical in every arm", "met": data["identical_greedy_outputs"],
-                "detail": "yes" if data["identical_greedy_outputs"] else "differ: " + ", ".join(data["outputs_differ"])})
+    out.append(vllm_bench.identical_goal(data, "online: generated texts"))
     return out
 
 
@@ -260,19 +254,13 @@ def render(data: dict, tps) -> Report:
             f"{per_token:g} us a token), shape '{shape['name']}': {shape['n']} requests of {shape['prompt_tokens']} / "
             f"{shape['output_tokens']} tokens, {how}; median (min-max) over {n} round{'s' * (n > 1)}",
             ["TP / arm"] + [FIGURES[k][0] for k in keys], rows, key=f"online-{shape['name']}"))
-    cpu_rows = []
-    for tp in tps:
-        for arm in arms:
-            pct = data["tp"][tp]["decode"][arm]["cpu_pct"]
-            workers = sorted(k for k in pct if k.startswith("worker"))
-            cpu_rows.append([f"TP={tp} {arm}", fmt(pct.get("front_end", 0.0), 0), fmt(pct.get("engine_core", 0.0), 0),
-                             " / ".join(fmt(pct[w], 0) for w in workers),
-                             vllm_bench._cell(data["tp"][tp]["decode"][arm]["host_cpu_pct"], 0),
-                             fmt(data["tp"][tp]["idle"][arm]["waiters"]["median"], 3)])
+    rows = vllm_bench.cpu_rows(data, tps, lambda tp, arm, pct: [
+        vllm_bench._cell(data["tp"][tp]["decode"][arm]["host_cpu_pct"], 0),
+        fmt(data["tp"][tp]["idle"][arm]["waiters"]["median"], 3)])
     parts.append(table("Host CPU of the server's processes while decoding (percent of one core, median over rounds), "
                        "and idle after the last shape", ["TP / arm", "front end", "engine core", "each worker",
                                                          "engine core + workers", "idle: waiting threads %"],
-                       cpu_rows, key="online-cpu"))
+                       rows, key="online-cpu"))
     parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
                            for g in data["goals"]))
     parts.append(__doc__.split("\n\n", 1)[1].strip().replace("\n", " "))

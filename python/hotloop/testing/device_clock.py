@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import struct
 import threading
 import time
 
