@@ -95,6 +95,12 @@ PacedPlan WaitPolicy::plan(int64_t now) const noexcept {
   return p;
 }
 
+void WaitPolicy::restart_interval(int64_t sample) noexcept {
+  pace_.srtt.store(sample, std::memory_order_relaxed);
+  pace_.rttvar.store(sample / 4, std::memory_order_relaxed);
+  pace_.steady.store(1, std::memory_order_relaxed);
+}
+
 void WaitPolicy::forget_interval() noexcept {
   pace_.srtt.store(-1, std::memory_order_relaxed);
   pace_.rttvar.store(0, std::memory_order_relaxed);
@@ -112,9 +118,7 @@ void WaitPolicy::observe_ready(int64_t ready) noexcept {
   const int64_t srtt = pace_.srtt.load(std::memory_order_relaxed);
   const int64_t dev = pace_.rttvar.load(std::memory_order_relaxed);
   if (srtt <= 0) {  // the first sample (after a reset)
-    pace_.srtt.store(sample, std::memory_order_relaxed);
-    pace_.rttvar.store(sample / 4, std::memory_order_relaxed);
-    pace_.steady.store(1, std::memory_order_relaxed);
+    restart_interval(sample);
     pace_.samples.fetch_add(1, std::memory_order_relaxed);
     pace_.anchor.store(ready, std::memory_order_relaxed);
     return;
@@ -126,11 +130,7 @@ void WaitPolicy::observe_ready(int64_t ready) noexcept {
     if (err > 0) pace_.anchor.store(ready, std::memory_order_relaxed);  // a short one keeps the anchor
     if (pace_.steady.load(std::memory_order_relaxed) < kPacedWarmup) {
       // Still learning: start again from this sample rather than from one that did not agree.
-      if (err > 0) {
-        pace_.srtt.store(sample, std::memory_order_relaxed);
-        pace_.rttvar.store(sample / 4, std::memory_order_relaxed);
-        pace_.steady.store(1, std::memory_order_relaxed);
-      }
+      if (err > 0) restart_interval(sample);
       return;
     }
     if (pace_.miss_run.fetch_add(1, std::memory_order_relaxed) + 1 >= kPacedMaxMisses) forget_interval();

@@ -178,6 +178,7 @@ class WaitPolicy {
     PaceState(const PaceState& o) noexcept { *this = o; }
     PaceState& operator=(const PaceState& o) noexcept;
   };
+  void restart_interval(int64_t sample) noexcept;  // learn afresh from one interval sample
   void forget_interval() noexcept;
 
   int64_t spin_ns_ = kDefaultSpinNs;

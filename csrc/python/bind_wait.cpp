@@ -75,6 +75,9 @@ nb::dict backend_dict(const ParkBackendInfo& info) {
 
 WaitPolicy g_default_policy;
 
+// A duration a policy has not learned yet (negative) as None, else in microseconds.
+nb::object us_or_none(int64_t ns) { return ns < 0 ? nb::none() : nb::object(nb::float_(ns / 1e3)); }
+
 }  // namespace
 
 void bind_wait(nb::module_& m) {
@@ -122,7 +125,7 @@ void bind_wait(nb::module_& m) {
                          "the spin from recent wait durations (spin when events come quickly, park when they do "
                          "not); give each waiting loop its own adaptive policy. paced=True learns the interval "
                          "between readies (from the anchor: the previous ready, or anchor()) and, once steady, "
-                         "sleeps on a timer until shortly before the next one is due (lead_us, or twice the "
+                         "sleeps on a timer until shortly before the next one is due (lead_us, or three times the "
                          "interval's deviation, plus the timer's lateness), then spins through it; a message that "
                          "comes earlier still wakes it. Sets the waiting thread's timer slack to 1 us.")
       .def("__init__",
@@ -144,12 +147,7 @@ void bind_wait(nb::module_& m) {
       .def_prop_rw("adaptive", &WaitPolicy::adaptive, &WaitPolicy::set_adaptive)
       .def_prop_ro("min_spin_us", [](const WaitPolicy& p) { return p.min_spin_ns() / 1e3; })
       .def_prop_ro("fd_check_us", [](const WaitPolicy& p) { return p.fd_check_ns() / 1e3; })
-      .def_prop_ro("recent_wait_us",
-                   [](const WaitPolicy& p) -> nb::object {
-                     int64_t v = p.recent_wait_ns();
-                     if (v < 0) return nb::none();
-                     return nb::float_(v / 1e3);
-                   },
+      .def_prop_ro("recent_wait_us", [](const WaitPolicy& p) { return us_or_none(p.recent_wait_ns()); },
                    "Moving average of recent wait durations (adaptive mode), or None before the first wait.")
       .def_prop_rw("paced", &WaitPolicy::paced, &WaitPolicy::set_paced)
       .def_prop_rw("lead_us", [](const WaitPolicy& p) { return p.lead_ns() / 1e3; },
@@ -167,12 +165,7 @@ void bind_wait(nb::module_& m) {
                      return nb::cast(v);
                    },
                    "Paced mode: the current anchor (time.monotonic_ns()), or None.")
-      .def_prop_ro("interval_us",
-                   [](const WaitPolicy& p) -> nb::object {
-                     int64_t v = p.interval_ns();
-                     if (v < 0) return nb::none();
-                     return nb::float_(v / 1e3);
-                   },
+      .def_prop_ro("interval_us", [](const WaitPolicy& p) { return us_or_none(p.interval_ns()); },
                    "Paced mode: the learned interval between readies, or None.")
       .def_prop_ro("predicting", &WaitPolicy::predicting,
                    "Paced mode: whether the next wait is predicted (the intervals are steady).")

@@ -87,20 +87,29 @@ def tree_run_seconds(root: int) -> dict[str, float]:
     workers: where the queue's and the engine-core loop's waits run), "front_end" (the other threads of `root`, the
     process that runs the front end) and "other" (every other thread: vLLM's input / output threads, ZeroMQ's ...)."""
     parts = dict.fromkeys(IDLE_PARTS, 0)
-    for pid, cmd in tree(root).items():
+    for pid, cmd, tid, ns in _thread_run_ns(tree(root)):
         waiter_process = "EngineCore" in cmd or "Worker" in cmd
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        part = ("gloo" if name == GLOO_LOOP_THREAD else "waiters" if waiter_process and tid == pid
+                else "front_end" if pid == root else "other")
+        parts["tree"] += ns
+        parts[part] += ns
+    return {k: v / 1e9 for k, v in parts.items()}
+
+
+def _thread_run_ns(processes: dict[int, str]):
+    """(pid, command line, tid, nanoseconds run) of every live thread of `processes` (pid -> command line), from
+    /proc/<pid>/task/<tid>/schedstat; threads that end meanwhile are left out."""
+    for pid, cmd in processes.items():
         with contextlib.suppress(OSError):
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with contextlib.suppress(OSError, ValueError):
                     with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        ns = int(f.read().split()[0])
-                    with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                        name = f.read().strip()
-                    part = ("gloo" if name == GLOO_LOOP_THREAD else "waiters" if waiter_process and int(tid) == pid
-                            else "front_end" if pid == root else "other")
-                    parts["tree"] += ns
-                    parts[part] += ns
-    return {k: v / 1e9 for k, v in parts.items()}
+                        yield pid, cmd, int(tid), int(f.read().split()[0])
 
 
 def process_kind(pid: int, cmd: str, root: int) -> str:
@@ -120,15 +129,11 @@ def cpu_by_process(root: int) -> dict[str, float]:
     out: dict[str, float] = {}
     found = tree(root)
     workers = sorted(pid for pid, cmd in found.items() if process_kind(pid, cmd, root) == "worker")
-    for pid, cmd in found.items():
+    for pid, cmd, _tid, ns in _thread_run_ns(found):
         kind = process_kind(pid, cmd, root)
         if kind == "worker":
             kind = f"worker{workers.index(pid)}"
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError, ValueError):
-                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        out[kind] = out.get(kind, 0.0) + int(f.read().split()[0]) / 1e9
+        out[kind] = out.get(kind, 0.0) + ns / 1e9
     return out
 
 
