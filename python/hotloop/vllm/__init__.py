@@ -136,11 +136,10 @@ def _install_device_wait() -> None:
     """The GPU worker's wait for its sampled tokens on a StepNotifier, where HOTLOOP_VLLM_DEVICE_WAIT asks for it."""
     from hotloop.vllm import device_wait
 
-    if device_wait.requested():
-        try:
-            device_wait.install()
-        except (ImportError, RuntimeError) as e:
-            log.warning("hotloop: %s=1 but not installed: %s", device_wait.ENV, e)
+    try:
+        device_wait.install()  # nothing unless HOTLOOP_VLLM_DEVICE_WAIT asks for it
+    except (ImportError, RuntimeError) as e:
+        log.warning("hotloop: %s=1 but not installed: %s", device_wait.ENV, e)
 
 
 def is_installed() -> bool:
