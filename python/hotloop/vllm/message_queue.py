@@ -17,7 +17,8 @@ Contract:
   passes rank -1 for a single-reader queue on another node) and is refused with BadHandleError otherwise.
 - Errors are those vLLM catches: a dequeue or enqueue that times out raises TimeoutError; ``shutdown()`` on a
   reader (from any thread: vLLM's death-pipe monitor) ends this reader's waits, running or later, with
-  ClosedError, a RuntimeError as vLLM's "cancelled" is; a dead writer raises DeadPeerError (a RuntimeError) in
+  ClosedError, a RuntimeError as vLLM's "cancelled" is; ``fail(reason)`` does the same with DeadPeerError(reason)
+  (a peer known lost: ``ray_liveness.py``); a dead writer raises DeadPeerError (a RuntimeError) in
   its readers once they read what it sent, and a dead reader raises DeadPeerError in the writer's next enqueue
   (where vLLM's own queue would wait until its timeout).
 - ``dequeue(timeout=None)`` without ``indefinite`` logs vLLM's "No available shared memory broadcast block"
@@ -124,7 +125,13 @@ class MessageQueue(_hl.MessageQueue):
                                  f"ranks that are not local ({local})")
         super().__init__(n_reader, n_local_reader, max_chunk_bytes=min(int(max_chunk_bytes), RING_CHUNK_CAP),
                          policy=policy, connect_ip=connect_ip if n_remote else None)
+        from hotloop.vllm import ray_liveness
+
+        ray_liveness.install()  # vLLM's Ray executor builds its queues here, with its module loaded
         self.handle = Handle(local, remote, self._handle, self._handle.remote_address)  # vLLM's attribute name
+        if n_remote:
+            log.info("hotloop: queue %s: %d reader(s) on other nodes connect to %s (CurveZMQ; the port must be open "
+                     "to their nodes)", self.name, n_remote, self._handle.remote_address)
         self._set_vllm_attributes(n_local_reader, n_remote, -1)
 
     def _set_vllm_attributes(self, n_local_reader: int, n_remote_reader: int, local_reader_rank: int) -> None:
@@ -137,6 +144,7 @@ class MessageQueue(_hl.MessageQueue):
         self._is_remote_reader = not self._is_writer and local_reader_rank < 0
         self.shutting_down = False
         self.tensor_arena = None
+        self._failure: str | None = None
 
     def _use_policy(self, policy: WaitPolicy) -> None:
         self._policy = policy  # the policy the next ring read waits with (step_wait.py)
@@ -187,11 +195,26 @@ class MessageQueue(_hl.MessageQueue):
         with contextlib.suppress(ClosedError):
             super().shutdown()
 
+    def fail(self, reason: str) -> None:
+        """Reader: end this reader's waits, running or later, with DeadPeerError(`reason`) (from any thread): what
+        the engine is told when a peer it waits for is known lost (``ray_liveness.py``)."""
+        self._failure = reason
+        self.shutdown()
+
     def dequeue(self, timeout: float | None = None, indefinite: bool = False):
         """The next object. TimeoutError after `timeout` s; ClosedError after shutdown(); DeadPeerError when
-        the writer died. Without a timeout and without `indefinite`, logs vLLM's long-wait line periodically."""
+        the writer died or fail() was called. Without a timeout and without `indefinite`, logs vLLM's long-wait
+        line periodically."""
         if self.is_writer:
             raise RuntimeError(f"queue {self.name}: only readers can dequeue; this is the writer")
+        try:
+            return self._dequeue(timeout, indefinite)
+        except ClosedError:
+            if self._failure is not None:
+                raise DeadPeerError(self._failure) from None
+            raise
+
+    def _dequeue(self, timeout: float | None, indefinite: bool):
         if timeout is not None or indefinite:
             return self._paced.read(super().dequeue, self._use_policy, timeout)
         interval = _warning_interval()

@@ -19,8 +19,11 @@ Contract:
 - vLLM's host work is all real: the scheduler, input preparation, the sampler, detokenizing, the executor's
   queues. Eager mode only (``enforce_eager=True``): a compiled graph would not call the replaced forward.
   Pipeline parallelism is refused (RuntimeError at load): a stage's output is not modelled.
-- The ranks' clocks meet in ``/dev/shm/hotloop.devclock.<ident>-<parent pid>`` (the executor's distributed
-  init ident, the engine core's pid): one per engine; removed once every rank has run a step.
+- The ranks' clocks meet in ``/dev/shm/hotloop.devclock.<ident>-<instance>`` (the executor's distributed
+  init ident, vLLM's instance id, or the engine core's pid where that is empty): one per engine, Ray's ranks on
+  other simulated nodes of this machine included; removed once every rank has run a step.
+- A rank waits for its peers' start of a step for ``HOTLOOP_VLLM_SIM_DEVICE_BARRIER_S`` (default 60 s), then
+  raises, as a collective with a lost peer does after its own timeout (NCCL's: 10 min by default).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from hotloop.testing.device_clock import DeviceClock, parse_spec
 from hotloop.vllm.class_patches import ClassPatches
 
 ENV = "HOTLOOP_VLLM_SIM_DEVICE"
+BARRIER_ENV = "HOTLOOP_VLLM_SIM_DEVICE_BARRIER_S"
 log = logging.getLogger("vllm.hotloop")
 _patches = ClassPatches()
 
@@ -56,8 +60,12 @@ def attach(runner, base_us: float, per_token_us: float) -> DeviceClock:
     if parallel_state.get_pp_group().world_size > 1:
         raise RuntimeError(f"{ENV}: pipeline parallelism is not modelled by the simulated device; use TP only")
     tp = parallel_state.get_tp_group()
+    # one clock per engine, shared by its TP ranks: vLLM's instance id (the same in every rank, Ray's actors on
+    # other simulated nodes included) or, where it is empty, the rendezvous port and the executor's pid
     ident = os.environ.get("VLLM_DIST_IDENT", "0").replace("/", "_")
-    clock = DeviceClock(f"{ident}-{os.getppid()}", tp.rank_in_group, tp.world_size, base_us, per_token_us)
+    instance = getattr(runner.vllm_config, "instance_id", "") or str(os.getppid())
+    clock = DeviceClock(f"{ident}-{instance}".replace("/", "_")[:80], tp.rank_in_group, tp.world_size, base_us,
+                        per_token_us, float(os.environ.get(BARRIER_ENV, 60)))
     model = runner.model
     hidden_size = runner.model_config.get_hidden_size()
     vocab = runner.model_config.get_vocab_size()

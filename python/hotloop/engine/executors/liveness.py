@@ -32,7 +32,7 @@ import threading
 
 from hotloop.queue.remote import peer_timeout_s
 
-HANDSHAKE_TIMEOUT_S = 5.0  # a connection that does not present the token within this long is closed
+HANDSHAKE_TIMEOUT_S = 1.0  # a connection that does not present the token within this long is closed
 
 
 def _keepalive(sock: socket.socket) -> None:
