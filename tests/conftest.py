@@ -3,6 +3,7 @@ behind (``no_leaks``); ``children()`` and ``own_segments()`` for tests that chec
 
 import importlib.util
 import os
+import struct
 import threading
 import time
 
@@ -47,10 +48,52 @@ def children() -> set[int]:
     return out
 
 
+def hotloop_segments() -> set[str]:
+    """The names of hotloop's /dev/shm segments (every process's): queue rings ("hotloop-<pid namespace>-<pid>-...")
+    and node relay rings ("hotloop-node-<pid namespace>-<digest>")."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith("hotloop-")}
+
+
+_LAYOUT_MAGIC = 0x51504F4F4C544F48  # "HOTLOOPQ": shm_ring.cpp's kMagic
+_LAYOUT_WRITER_PID = struct.Struct("<QIIQQIi")  # magic .. writer_pid of shm_ring.cpp's Layout
+
+
+def segment_creator(name: str) -> tuple[int, int] | None:
+    """(pid namespace, pid) of the process that made segment `name` (a /dev/shm file name), or None when the
+    segment does not say. A queue ring's name carries both ("hotloop-<ns>-<pid>-<start>-<n>-<random>"); a node
+    relay ring's name carries only the namespace ("hotloop-node-<ns>-<digest>", hotloop/queue/relay.py: every
+    reader of the node derives it), so its writer's pid is read from the ring's header, as the reaper does."""
+    parts = name.split("-")
+    if parts[0] != "hotloop" or len(parts) < 3:
+        return None
+    if parts[1] == "node":
+        if not parts[2].isdigit():
+            return None
+        try:
+            with open(f"/dev/shm/{name}", "rb") as f:
+                head = f.read(_LAYOUT_WRITER_PID.size)
+        except OSError:
+            return None
+        if len(head) < _LAYOUT_WRITER_PID.size:
+            return None  # being created: its header is not written yet
+        magic, *_, writer_pid = _LAYOUT_WRITER_PID.unpack(head)
+        return (int(parts[2]), writer_pid) if magic == _LAYOUT_MAGIC and writer_pid > 0 else None
+    if not (parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    return int(parts[1]), int(parts[2])
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def own_segments() -> set[str]:
-    """hotloop's /dev/shm segments made by this process or its descendants. A segment's name carries its creator's
-    pid (hotloop-<pidns>-<pid>-...); one whose creator is alive and not ours (another test run on the machine) is
-    not counted; one whose creator is gone is (a child of this test that died leaving it)."""
+    """hotloop's /dev/shm segments made by this process or its descendants (segment_creator says whose). One whose
+    creator is alive and not ours (another test run on the machine), or made in another PID namespace, is not
+    counted; one whose creator is gone is (a child of this test that died leaving it)."""
     table = _process_table()
     mine = {os.getpid()}
     grew = True
@@ -58,13 +101,13 @@ def own_segments() -> set[str]:
         more = {pid for pid, parent in table.items() if parent in mine} - mine
         mine |= more
         grew = bool(more)
+    own_ns = _pid_namespace()
     out = set()
-    for name in os.listdir("/dev/shm"):
-        parts = name.split("-")
-        if parts[0] != "hotloop" or len(parts) < 3 or not parts[2].isdigit():
+    for name in hotloop_segments():
+        creator = segment_creator(name)
+        if creator is None or creator[0] != own_ns:
             continue
-        creator = int(parts[2])
-        if creator in mine or creator not in table:
+        if creator[1] in mine or creator[1] not in table:
             out.add(name)
     return out
 
