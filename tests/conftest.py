@@ -150,6 +150,32 @@ def process_sleeping(pid: int) -> bool:
     return _task_state(f"/proc/{pid}/stat") == "S"
 
 
+_SYS_FUTEX = 202  # x86-64
+
+
+def thread_parked_in_segment(thread: threading.Thread, segment: str) -> bool:
+    """Whether `thread` (of this process) sleeps now in a futex wait on a word inside /dev/shm segment `segment`
+    (a ring's doorbell): a park on that ring, told apart from a wait for the GIL or a lock, which sleep on this
+    process's private memory. x86-64 only (the futex system call's number); False elsewhere."""
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/syscall") as f:
+            fields = f.read().split()
+    except OSError:
+        return False
+    if len(fields) < 2 or not fields[0].isdigit() or int(fields[0]) != _SYS_FUTEX:
+        return False
+    word = int(fields[1], 16)
+    path = "/dev/shm/" + segment.lstrip("/")
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)  # span, perms, offset, device, inode, path
+            if len(parts) == 6 and parts[5].strip().removesuffix(" (deleted)") == path:
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                if lo <= word < hi:
+                    return True
+    return False
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Every test leaves no threads, file descriptors, child processes or /dev/shm segments behind."""
