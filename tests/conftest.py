@@ -16,6 +16,10 @@ from multiprocessing import resource_tracker  # noqa: E402
 resource_tracker.ensure_running()
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes many seconds (pytest -m \"not slow\" for a quick run)")
+
+
 def _open_fds():
     return set(os.listdir("/proc/self/fd"))
 
