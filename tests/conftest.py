@@ -3,6 +3,7 @@ behind (``no_leaks``); ``children()`` and ``own_segments()`` for tests that chec
 
 import importlib.util
 import os
+import struct
 import threading
 import time
 
@@ -13,6 +14,10 @@ import pytest
 from multiprocessing import resource_tracker  # noqa: E402
 
 resource_tracker.ensure_running()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes many seconds (pytest -m \"not slow\" for a quick run)")
 
 
 def _open_fds():
@@ -47,10 +52,52 @@ def children() -> set[int]:
     return out
 
 
+def hotloop_segments() -> set[str]:
+    """The names of hotloop's /dev/shm segments (every process's): queue rings ("hotloop-<pid namespace>-<pid>-...")
+    and node relay rings ("hotloop-node-<pid namespace>-<digest>")."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith("hotloop-")}
+
+
+_LAYOUT_MAGIC = 0x51504F4F4C544F48  # "HOTLOOPQ": shm_ring.cpp's kMagic
+_LAYOUT_WRITER_PID = struct.Struct("<QIIQQIi")  # magic .. writer_pid of shm_ring.cpp's Layout
+
+
+def segment_creator(name: str) -> tuple[int, int] | None:
+    """(pid namespace, pid) of the process that made segment `name` (a /dev/shm file name), or None when the
+    segment does not say. A queue ring's name carries both ("hotloop-<ns>-<pid>-<start>-<n>-<random>"); a node
+    relay ring's name carries only the namespace ("hotloop-node-<ns>-<digest>", hotloop/queue/relay.py: every
+    reader of the node derives it), so its writer's pid is read from the ring's header, as the reaper does."""
+    parts = name.split("-")
+    if parts[0] != "hotloop" or len(parts) < 3:
+        return None
+    if parts[1] == "node":
+        if not parts[2].isdigit():
+            return None
+        try:
+            with open(f"/dev/shm/{name}", "rb") as f:
+                head = f.read(_LAYOUT_WRITER_PID.size)
+        except OSError:
+            return None
+        if len(head) < _LAYOUT_WRITER_PID.size:
+            return None  # being created: its header is not written yet
+        magic, *_, writer_pid = _LAYOUT_WRITER_PID.unpack(head)
+        return (int(parts[2]), writer_pid) if magic == _LAYOUT_MAGIC and writer_pid > 0 else None
+    if not (parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    return int(parts[1]), int(parts[2])
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def own_segments() -> set[str]:
-    """hotloop's /dev/shm segments made by this process or its descendants. A segment's name carries its creator's
-    pid (hotloop-<pidns>-<pid>-...); one whose creator is alive and not ours (another test run on the machine) is
-    not counted; one whose creator is gone is (a child of this test that died leaving it)."""
+    """hotloop's /dev/shm segments made by this process or its descendants (segment_creator says whose). One whose
+    creator is alive and not ours (another test run on the machine), or made in another PID namespace, is not
+    counted; one whose creator is gone is (a child of this test that died leaving it)."""
     table = _process_table()
     mine = {os.getpid()}
     grew = True
@@ -58,13 +105,13 @@ def own_segments() -> set[str]:
         more = {pid for pid, parent in table.items() if parent in mine} - mine
         mine |= more
         grew = bool(more)
+    own_ns = _pid_namespace()
     out = set()
-    for name in os.listdir("/dev/shm"):
-        parts = name.split("-")
-        if parts[0] != "hotloop" or len(parts) < 3 or not parts[2].isdigit():
+    for name in hotloop_segments():
+        creator = segment_creator(name)
+        if creator is None or creator[0] != own_ns:
             continue
-        creator = int(parts[2])
-        if creator in mine or creator not in table:
+        if creator[1] in mine or creator[1] not in table:
             out.add(name)
     return out
 
@@ -105,6 +152,32 @@ def thread_sleeping(thread: threading.Thread) -> bool:
 def process_sleeping(pid: int) -> bool:
     """Whether process `pid`'s main thread is asleep in the kernel now (state S)."""
     return _task_state(f"/proc/{pid}/stat") == "S"
+
+
+_SYS_FUTEX = 202  # x86-64
+
+
+def thread_parked_in_segment(thread: threading.Thread, segment: str) -> bool:
+    """Whether `thread` (of this process) sleeps now in a futex wait on a word inside /dev/shm segment `segment`
+    (a ring's doorbell): a park on that ring, told apart from a wait for the GIL or a lock, which sleep on this
+    process's private memory. x86-64 only (the futex system call's number); False elsewhere."""
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/syscall") as f:
+            fields = f.read().split()
+    except OSError:
+        return False
+    if len(fields) < 2 or not fields[0].isdigit() or int(fields[0]) != _SYS_FUTEX:
+        return False
+    word = int(fields[1], 16)
+    path = "/dev/shm/" + segment.lstrip("/")
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)  # span, perms, offset, device, inode, path
+            if len(parts) == 6 and parts[5].strip().removesuffix(" (deleted)") == path:
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                if lo <= word < hi:
+                    return True
+    return False
 
 
 @pytest.fixture(autouse=True)

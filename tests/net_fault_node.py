@@ -87,6 +87,8 @@ def reader(handle_path, rank):
     while True:
         try:
             got.append(q.dequeue(timeout=60)["i"])
+            if len(got) == 1:
+                say(receiving=True)  # the test cuts links once every reader receives
         except Exception as e:  # noqa: BLE001
             error = f"{type(e).__name__}: {e}"
             break

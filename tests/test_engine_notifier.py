@@ -206,14 +206,14 @@ def test_cuda_path_hotloop_takes_inputs_while_the_stream_runs(fake_gpu):
     core = EngineCore("tiny", executor=InProcessExecutor(model_config("tiny"), runner=runner), wait_mode="hotloop")
 
     def during(core):
-        deadline = time.monotonic() + 10
-        while not gates and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.05)
+        wait_until(lambda: gates, what="the first step's kernel starting")
+        # the loop parked on {the stream, the inputs} while the kernel runs
+        wait_until(lambda: core.executor.in_flight and core.input_queue.parked, what="the engine loop parking")
         assert core.stats.steps == 0  # the step is not done while its kernel runs
         core.input_queue.put(AddRequest("late", [5, 6], 2, arrival_ns=time.monotonic_ns()))
-        time.sleep(0.05)
-        assert core.stats.added_during_step == 1  # taken while the loop waited for the stream
+        # taken while the loop waited for the stream: the gate is still shut, so no step can have ended first
+        wait_until(lambda: core.stats.added_during_step == 1, what="the late request taken during the step")
+        assert core.stats.steps == 0
         fake_gpu.open(gates[0])
 
     got, err = _collect(core, [AddRequest("first", [1, 2], 3)], during=during)

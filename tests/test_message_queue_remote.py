@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from conftest import wait_until
+
 import hotloop
 from hotloop import ClosedError, DeadPeerError, MessageQueue, serialization
 
@@ -121,9 +123,13 @@ def test_remote_bad_input_gives_clear_errors():
     local = MessageQueue.create_from_handle(h, 0)
     r1 = MessageQueue.create_from_handle(h, 1)
     r1_again = MessageQueue.create_from_handle(h, 1)
+    def second_subscription_seen():
+        q.network_stats  # takes in the subscription frames that arrived (poll_peers)
+        return bool(q._remote.twice)
+
     with pytest.raises(DeadPeerError, match="rank 1 attached twice"):
         q.wait_until_ready(timeout=5)
-        time.sleep(0.2)
+        wait_until(second_subscription_seen, what="the writer taking in rank 1's second subscription")
         q.enqueue(0)
     r1_again.close()
     with pytest.raises(ValueError, match="larger than max_message_bytes"):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import thread_sleeping, wait_until
+from conftest import thread_parked_in_segment, thread_sleeping, wait_until
 from hotloop import ClosedError, FdSource, MessageQueue
 
 LOOPBACK = "127.0.0.1"
@@ -87,8 +87,9 @@ def test_closing_a_writer_blocked_on_a_full_ring_ends_its_enqueue_with_closed_er
 
     t = threading.Thread(target=fill)
     t.start()
-    time.sleep(0.3)
-    assert t.is_alive()
+    # parked on the ring's space doorbell (a futex in the segment), not merely still spinning or between calls
+    wait_until(lambda: thread_parked_in_segment(t, writer.name), what="the writer's enqueue parking on a full ring")
+    assert t.is_alive() and not outcome
     writer.close()
     t.join(5)
     assert not t.is_alive() and isinstance(outcome[0], ClosedError), outcome

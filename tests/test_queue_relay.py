@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from conftest import hotloop_segments
 from hotloop import ClosedError, DeadPeerError, MessageQueue, _core
 
 READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay_reader.py")
@@ -52,7 +53,7 @@ class Reader:
 
 
 def node_segments():
-    return {e for e in os.listdir("/dev/shm") if e.startswith("hotloop-node-")}
+    return {e for e in hotloop_segments() if e.startswith("hotloop-node-")}
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import require_torch
+from conftest import require_torch, wait_until
 
 torch = require_torch()  # vLLM's messages carry tensors; vLLM itself is not needed
 
@@ -160,7 +160,7 @@ def test_shutdown_from_another_thread_wakes_a_parked_reader_like_vllms_death_pip
     t = threading.Thread(target=busy_loop)
     t.start()
     q.enqueue("one")
-    time.sleep(0.3)  # parked by now
+    wait_until(lambda: not r.readable() and r.hotloop_source.parked, what="the busy loop parking after 'one'")
     t0 = time.monotonic()
     r.shutdown()
     t.join(5)

@@ -126,7 +126,7 @@ def test_gil_is_released_while_waiting():
     t = threading.Thread(target=count)
     t.start()
     try:
-        time.sleep(0.05)
+        wait_until(lambda: counter > 0, what="the counting thread running")
         before = counter
         # spin for the whole wait: even then, the other thread must run Python code throughout
         wait_any([Flag()], timeout=0.3, policy=WaitPolicy(spin_us=1_000_000))

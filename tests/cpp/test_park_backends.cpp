@@ -107,7 +107,8 @@ TEST_P(ParkBackends, DoorbellRungByAnotherProcessWakesAWaitThatAlsoWatchesADescr
     for (int i = 0; i < kRounds; ++i) {
       char c;
       if (::read(go[0], &c, 1) != 1) _exit(2);
-      std::this_thread::sleep_for(std::chrono::milliseconds(3));  // the waiter is parked by then
+      // the waiter announces itself on the shared doorbell before it sleeps (the parent's count, seen here)
+      if (!test::wait_parked(shared->src.bell)) _exit(3);
       shared->stamp.store(now_ns(), std::memory_order_relaxed);
       shared->src.publish();
     }
@@ -148,10 +149,9 @@ TEST_P(ParkBackends, ReadableDescriptorWakesAWaitThatAlsoWatchesSharedDoorbells)
     std::thread writer([&] {
       // Once the wait is parked (it announces itself on the shared doorbell first), not after a fixed delay: on
       // a loaded machine under TSan the wait could start after the write and never park.
-      const int64_t until = now_ns() + 5'000 * kMs;
-      while (shared->src.bell.parked() == 0 && now_ns() < until) {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
+      EXPECT_TRUE(test::wait_parked(shared->src.bell)) << "the wait never parked";
+      // Deliberate: the count goes up just before the kernel sleep; 1 ms more lets the waiter enter it, so the
+      // latency below is a wake-up from that sleep (a write before it still ends a park: the phase holds).
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       sent = now_ns();
       ASSERT_EQ(::write(sp.b, "x", 1), 1);
@@ -179,7 +179,7 @@ TEST_P(ParkBackends, NothingStaysArmedAfterAPark) {
   Source* s[] = {&shared->src, &flag, &fd};
   char c;
   std::thread writer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(test::wait_parked(*flag.doorbell())) << "the wait never parked";
     ASSERT_EQ(::write(sp.b, "y", 1), 1);
   });
   EXPECT_EQ(wait_any(s, 3, 5'000 * kMs, park_at_once_), 4u);
@@ -267,7 +267,7 @@ TEST_P(ParkBackends, AChildForkedAfterParksIsWokenByItsDescriptors) {
     char c;
     ASSERT_EQ(::read(warm.a, &c, 1), 1);
     std::thread ringer([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      EXPECT_TRUE(test::wait_parked(*flag.doorbell())) << "the wait never parked";
       flag.set();
     });
     EXPECT_EQ(wait_any(s, 2, 5'000 * kMs, park_at_once_), 1u);  // and one ended by a doorbell
@@ -292,6 +292,8 @@ TEST_P(ParkBackends, AChildForkedAfterParksIsWokenByItsDescriptors) {
     _exit(0);
   }
   for (int i = 0; i < 3; ++i) {
+    // Deliberate: the child's park is not visible from here (its flag is its own). A write that lands before it
+    // parks is found at once, which the child accepts as well; the pause makes most rounds end a park.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     ASSERT_EQ(::write(sp.b, "x", 1), 1);
   }
@@ -352,7 +354,7 @@ TEST_P(ParkBackends, DescriptorClosedWhileWaitedOnRaisesAfterTheSafetyTimeout) {
   Flag flag;
   Source* s[] = {&flag, &fd};
   std::thread closer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    EXPECT_TRUE(test::wait_parked(*flag.doorbell())) << "the wait never parked";
     ::close(sp.a);
     sp.a = -1;
   });
@@ -413,7 +415,7 @@ TEST_P(ParkBackends, ADescriptorNumberReusedForAnotherFileIsWatchedAfresh) {
   FdSource fd(number);
   Source* s[] = {&flag, &fd};
   std::thread writer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(test::wait_parked(*flag.doorbell())) << "the wait never parked";
     ASSERT_EQ(::write(second.b, "y", 1), 1);
   });
   WaitStats st;
@@ -432,7 +434,7 @@ TEST_P(ParkBackends, AParkKeepsNoReferenceToAWatchedSocket) {
     FdSource fd(sp.a);
     Source* s[] = {&flag, &fd};
     std::thread ringer([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      EXPECT_TRUE(test::wait_parked(*flag.doorbell())) << "the wait never parked";
       flag.set();
     });
     EXPECT_EQ(wait_any(s, 2, 5'000 * kMs, park_at_once_), 1u);
@@ -507,7 +509,7 @@ TEST(ParkBackend, SlicedBackendStillWorksWithinItsSlice) {
   Source* s[] = {&fd, &flag};
   WaitPolicy p(0, 0, false);
   std::thread setter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(test::wait_parked(*flag.doorbell())) << "the wait never parked";
     flag.set();
   });
   int64_t t0 = now_ns();

@@ -80,7 +80,7 @@ TEST(WaitAny, FlagSetFromAnotherThreadWakesAParkedWait) {
   WaitPolicy p = kParkAtOnce;
   WaitStats st;
   std::thread setter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    EXPECT_TRUE(test::wait_parked(*f.doorbell())) << "the wait never parked";
     f.set();
   });
   int64_t t0 = now_ns();
@@ -99,7 +99,7 @@ TEST(WaitAny, SeveralDoorbellsWakeThroughOneSleep) {
     WaitPolicy p = kParkAtOnce;
     WaitStats st;
     std::thread setter([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      EXPECT_TRUE(test::wait_parked(*which->doorbell())) << "the wait never parked";
       which->set();
     });
     uint64_t mask = wait_any(s, 3, 5'000 * kMs, p, nullptr, &st);
@@ -117,7 +117,7 @@ TEST(WaitAny, ReadableDescriptorWakesAParkedWait) {
   WaitPolicy p = kParkAtOnce;
   WaitStats st;
   std::thread writer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    EXPECT_TRUE(test::wait_parked(*f.doorbell())) << "the wait never parked";
     pipe.write_byte();
   });
   int64_t t0 = now_ns();
@@ -135,7 +135,7 @@ TEST(WaitAny, FlagWakesAWaitThatAlsoWatchesDescriptors) {
   WaitPolicy p = kParkAtOnce;
   std::atomic<int64_t> set_at{0};
   std::thread setter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    EXPECT_TRUE(test::wait_parked(*f.doorbell())) << "the wait never parked";
     set_at = now_ns();
     f.set();
   });
@@ -153,6 +153,8 @@ TEST(WaitAny, DescriptorIsNoticedWhileSpinning) {
   WaitPolicy spin_long(2'000 * kMs, 0, false);
   WaitStats st;
   std::thread writer([&] {
+    // Deliberate: a spinning wait shows no state to wait for; 20 ms into its 2 s spin budget the write lands
+    // while it spins (a write before wait_any starts would read as an immediate return, not a spin).
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     pipe.write_byte();
   });
@@ -177,8 +179,10 @@ TEST(WaitAny, DescriptorClosedWhileWaitedOnRaises) {
   FdSource fd(pipe.r);
   Source* s[] = {&fd};
   WaitPolicy p = kParkAtOnce;
+  const pid_t waiter = test::this_tid();
   std::thread closer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    // a wait on descriptors alone sleeps in ppoll, where no doorbell counts it
+    EXPECT_TRUE(test::wait_until([&] { return test::blocked_in(waiter, SYS_ppoll); })) << "the wait never parked";
     ::close(pipe.r);
     pipe.r = -1;
   });
@@ -198,8 +202,10 @@ TEST(WaitAny, DescriptorClosedWhileWaitedOnRaisesWithinAHookSlice) {
   WaitHooks hooks;
   hooks.slice_ns = 50 * kMs;
   hooks.on_slice = [](void*) {};
+  const pid_t waiter = test::this_tid();
   std::thread closer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    // a wait on descriptors alone sleeps in ppoll, where no doorbell counts it
+    EXPECT_TRUE(test::wait_until([&] { return test::blocked_in(waiter, SYS_ppoll); })) << "the wait never parked";
     ::close(pipe.r);
     pipe.r = -1;
   });
@@ -267,7 +273,7 @@ TEST(WaitAny, AdaptivePolicyLearnsToPark) {
   // Events 5 ms apart: after a few waits the policy stops spinning its 50 us budget.
   for (int i = 0; i < 20; ++i) {
     std::thread setter([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // deliberate: the 5 ms spacing is what it learns
       f.set();
     });
     EXPECT_EQ(wait_any(s, 1, 5'000 * kMs, p), 1u);
