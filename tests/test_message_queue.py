@@ -20,7 +20,8 @@ import pytest
 from conftest import require_torch
 
 import hotloop
-from hotloop import ClosedError, DeadPeerError, MessageQueue, WaitPolicy, serialization
+from hotloop import ClosedError, DeadPeerError, MessageQueue, WaitPolicy
+from hotloop.queue import serialization
 
 CTX = mp.get_context("fork")
 RING = 1 << 16  # max_chunk_bytes below gives this ring size

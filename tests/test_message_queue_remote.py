@@ -12,7 +12,8 @@ import time
 import pytest
 
 import hotloop
-from hotloop import ClosedError, DeadPeerError, MessageQueue, serialization
+from hotloop import ClosedError, DeadPeerError, MessageQueue
+from hotloop.queue import serialization
 
 CTX = mp.get_context("fork")
 CHUNK = (1 << 16) // 4 - 64  # a 64 KiB ring for the local reader

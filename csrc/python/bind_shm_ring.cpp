@@ -156,7 +156,7 @@ nb::object read_view(PyShmRing& self, const nb::object& timeout, WaitPolicy& pol
                                            Py_ssize_t(self.held.size), PyBUF_READ));
 }
 
-// A thread's pickler of hotloop.serialization (its _Encoder.native), as write_object uses it.
+// A thread's pickler of hotloop.queue.serialization (its _Encoder.native), as write_object uses it.
 struct PickleSink {
   nb::object dump;        // Pickler.dump, bound: writes the stream into `chunks`
   nb::object clear_memo;  // Pickler.clear_memo, bound
@@ -166,7 +166,7 @@ struct PickleSink {
   bool torch_registered = false;  // the pickler reduces torch tensors hotloop's way (set by serialization)
 };
 
-// Every thread's pickler (hotloop.serialization.THREAD_PICKLERS): the calling thread's PickleSink is kept in its
+// Every thread's pickler (hotloop.queue.serialization.THREAD_PICKLERS): the calling thread's PickleSink is kept in its
 // thread-state dict, so it goes with the thread, and looked up in C++ (a Python call to find it cost more than
 // a 64 B message's write). `make` (serialization's encoder().native, which registers torch's reducer when torch
 // is imported) makes it on the thread's first message, and again once torch is imported.
@@ -195,7 +195,7 @@ struct ThreadPicklers {
   }
 };
 
-// How read_object turns a message into an object (hotloop.serialization.OBJECT_LOADERS).
+// How read_object turns a message into an object (hotloop.queue.serialization.OBJECT_LOADERS).
 struct ObjectLoaders {
   nb::object bare_loads;     // pickle.loads: a bare pickle (first byte PROTO)
   nb::object general_loads;  // serialization.loads: any message, from an owned buffer; raises on a corrupt one

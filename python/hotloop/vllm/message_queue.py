@@ -11,7 +11,7 @@ Contract:
   indefinite=False)``, ``broadcast_object(obj=None)``, ``shutdown()``, ``create_from_process_group(...)`` and
   ``create_from_process_group_single_reader(...)`` (these two need vLLM; the rest does not).
 - Ranks are vLLM's: a rank in ``local_reader_ranks`` reads shared memory (local reader i of hotloop's ring is
-  ``local_reader_ranks[i]``); any other rank reads over TCP (CurveZMQ, ``remote_queue.py``), its slot taken from
+  ``local_reader_ranks[i]``); any other rank reads over TCP (CurveZMQ, ``queue/remote.py``), its slot taken from
   ``remote_reader_ranks`` (default: the lowest ranks that are not local, which is how vLLM's executors number
   their workers). A rank that is in neither list takes the only remote slot when there is exactly one (vLLM
   passes rank -1 for a single-reader queue on another node) and is refused with BadHandleError otherwise.
@@ -29,7 +29,7 @@ Contract:
 - What differs: the ring holds 4 x min(max_chunk_bytes, RING_CHUNK_CAP) bytes (``max_chunks`` is ignored); a
   larger message is split across records instead of going over a socket. ``enable_shm_tensor_arena`` is
   ignored (tensors travel out-of-band through the ring: one copy in, one out). ``acquire_read`` lends the
-  message in hotloop's format (a pickle-5 message, ``hotloop.serialization``), not vLLM's slot layout.
+  message in hotloop's format (a pickle-5 message, ``hotloop.queue.serialization``), not vLLM's slot layout.
 - Handles: this class's ``Handle`` is not vLLM's. Reading one with vLLM's own class, or passing vLLM's handle to
   this one, raises an error saying to enable the plugin in every process of the deployment, or in none.
 """
@@ -41,7 +41,7 @@ import dataclasses
 import logging
 import os
 
-from hotloop import message_queue as _hl
+from hotloop.queue import message_queue as _hl
 from hotloop._core import BadHandleError, ClosedError, DeadPeerError, WaitPolicy
 from hotloop.vllm import step_wait
 
