@@ -291,14 +291,18 @@ struct ObjectWriter {
 struct ObjectReader {
   nb::object ring;     // ShmRing
   nb::object policy;   // WaitPolicy
-  nb::object loaders;  // ObjectLoaders
-  nb::object name;     // the queue's, for the timeout's message
+  nb::object loaders;    // ObjectLoaders
+  nb::object timed_out;  // timeout -> the exception to raise (the queue's QueueTimeout, worded in Python once)
 
   nb::object operator()(const nb::object& timeout) {
     ObjectLoaders& l = *nb::inst_ptr<ObjectLoaders>(loaders);
     nb::object obj = read_object(*nb::inst_ptr<PyShmRing>(ring), timeout, *nb::inst_ptr<WaitPolicy>(policy), l);
     if (obj.is(l.nothing)) {
-      PyErr_Format(PyExc_TimeoutError, "queue %S: no message within %R s", name.ptr(), timeout.ptr());
+      nb::object exc = timed_out(timeout);
+      if (!PyExceptionInstance_Check(exc.ptr())) {
+        throw nb::type_error("ObjectReader: timed_out(timeout) must return an exception");
+      }
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
       throw nb::python_error();
     }
     return obj;
@@ -361,9 +365,10 @@ void bind_shm_ring(nb::module_& m) {
       .def("__call__", &ObjectWriter::operator(), "obj"_a.none(), "timeout"_a = nb::none());
   nb::class_<ObjectReader>(m, "ObjectReader",
                            "dequeue(timeout=None) of a MessageQueue reading shared memory: the next object; "
-                           "TimeoutError naming the queue when none came within timeout.")
+                           "raises what timed_out(timeout) returns (the queue's QueueTimeout) when none came "
+                           "within timeout.")
       .def("__init__", checked_init<ObjectReader, ObjectLoaders>("loaders must be an ObjectLoaders"), "ring"_a,
-           "policy"_a, "loaders"_a, "name"_a)
+           "policy"_a, "loaders"_a, "timed_out"_a)
       .def("__call__", &ObjectReader::operator(), "timeout"_a = nb::none());
   nb::class_<PyShmRing>(m, "ShmRing",
                         "One-writer, many-reader broadcast ring of byte messages in POSIX shared memory (see "

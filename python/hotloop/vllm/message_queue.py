@@ -15,11 +15,11 @@ Contract:
   ``remote_reader_ranks`` (default: the lowest ranks that are not local, which is how vLLM's executors number
   their workers). A rank that is in neither list takes the only remote slot when there is exactly one (vLLM
   passes rank -1 for a single-reader queue on another node) and is refused with BadHandleError otherwise.
-- Errors are those vLLM catches: a dequeue or enqueue that times out raises TimeoutError; ``shutdown()`` on a
-  reader (from any thread: vLLM's death-pipe monitor) ends this reader's waits, running or later, with
-  ClosedError, a RuntimeError as vLLM's "cancelled" is; a dead writer raises DeadPeerError (a RuntimeError) in
-  its readers once they read what it sent, and a dead reader raises DeadPeerError in the writer's next enqueue
-  (where vLLM's own queue would wait until its timeout).
+- Errors are those vLLM catches: a dequeue or enqueue that times out raises QueueTimeout (a TimeoutError);
+  ``shutdown()`` on a reader (from any thread: vLLM's death-pipe monitor) ends this reader's waits, running or later,
+  with ClosedError, a RuntimeError as vLLM's "cancelled" is; a dead writer raises DeadPeerError (a RuntimeError) in
+  its readers once they read what it sent, and a dead reader raises DeadPeerError in the writer's next enqueue (where
+  vLLM's own queue would wait until its timeout).
 - ``dequeue(timeout=None)`` without ``indefinite`` logs vLLM's "No available shared memory broadcast block"
   line every ``VLLM_RINGBUFFER_WARNING_INTERVAL`` seconds of waiting, as vLLM's queue does; the wait itself is
   hotloop's (spin, yield, park, GIL released): an idle reader costs no CPU. A shared-memory reader waits with the
