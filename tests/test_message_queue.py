@@ -373,6 +373,37 @@ def test_every_wait_for_a_message_that_runs_out_raises_one_queue_timeout(backend
         r.close()
 
 
+def test_a_readers_call_on_the_writer_and_enqueue_on_a_reader_say_which_side_may_make_them(backend):
+    with _queue(backend) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.wait_until_ready(timeout=10)
+
+        def acquire_read():
+            with q.acquire_read(timeout=0.01):
+                pass
+
+        calls = {"dequeue()": lambda: q.dequeue(timeout=0.01), "dequeue_bytes()": lambda: q.dequeue_bytes(0.01),
+                 "readable()": q.readable, "acquire_read()": acquire_read,
+                 "dequeue_async()": lambda: asyncio.run(q.dequeue_async(timeout=0.01))}
+        for what, call in calls.items():
+            with pytest.raises(RuntimeError, match=re.escape(f"queue {q.name}: {what} is a reader's call and this "
+                                                             "is the queue's writer")) as raised:
+                call()
+            assert "MessageQueue.create_from_handle(writer.export_handle(), rank)" in str(raised.value)
+        with pytest.raises(AttributeError, match="the writer has no hotloop_source"):
+            q.hotloop_source
+        assert not hasattr(q, "hotloop_source")  # so code that asks hasattr() sees no source
+        with pytest.raises(TypeError, match="MessageQueue reader"):
+            hotloop.wait_any([q], timeout=0)
+        assert isinstance(q.wait_stats, (dict, type(None)))  # the writer's own waits: a writer's call too
+        for send in (r.enqueue, r.enqueue_bytes):
+            with pytest.raises(RuntimeError, match="reader rank 0 cannot enqueue; only the writer can"):
+                send(b"x")
+        q.enqueue("the queue still works")
+        assert r.dequeue(timeout=5) == "the queue still works"
+        r.close()
+
+
 def test_readers_are_wait_any_sources_and_readable_never_blocks(backend):
     with _queue(backend) as q:
         r = MessageQueue.create_from_handle(q.export_handle(), 0)

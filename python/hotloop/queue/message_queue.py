@@ -18,7 +18,8 @@ released (spin, yield, park); ``readable()`` is one atomic load; ``acquire_read(
 a reader's wait for a message, worded once in ``no_message``; a writer's for ring space, naming the slow reader,
 or for a remote reader's send buffer; ``wait_until_ready``); a dead reader raises DeadPeerError in the writer (or
 is dropped, ``dead_reader="drop"``); a dead writer or ``shutdown()`` wakes parked readers with DeadPeerError /
-ClosedError once every earlier message is delivered.
+ClosedError once every earlier message is delivered. A reader's call on the writer, or ``enqueue`` on a reader,
+raises RuntimeError saying which side may make it.
 """
 
 from __future__ import annotations
@@ -349,7 +350,8 @@ class MessageQueue:
         """Remote readers first, then shared memory. A QueueTimeout or DeadPeerError from the network side means
         no local reader got the message; one from the ring after a network send means remote readers did."""
         if self.rank >= 0:  # not is_writer (a property call less on the hot path)
-            raise RuntimeError(f"queue {self.name}: reader rank {self.rank} cannot enqueue; only the writer can")
+            raise RuntimeError(f"queue {self.name}: reader rank {self.rank} cannot enqueue; only the writer can "
+                               "(the MessageQueue(...) that created the queue): send from the writer's process")
         if self._remote is not None and self._max_message_bytes:  # the ring checks its own
             size = memoryview(parts[0]).nbytes if len(parts) == 1 else sum(memoryview(p).nbytes for p in parts)
             if size > self._max_message_bytes:
@@ -360,13 +362,29 @@ class MessageQueue:
 
     # ---- reader ----
 
+    def _not_a_reader(self, call: str) -> RuntimeError:
+        """The error of a reader's call made on the writer."""
+        return RuntimeError(f"queue {self.name}: {call} is a reader's call and this is the queue's writer, which "
+                            "has no messages to read; read on a reader, MessageQueue.create_from_handle("
+                            "writer.export_handle(), rank)")
+
     def readable(self) -> bool:
         """Whether a message is waiting: one atomic load, no system call."""
-        return self._reader.readable()
+        try:
+            return self._reader.readable()
+        except AttributeError:
+            if self._reader is None:
+                raise self._not_a_reader("readable()") from None
+            raise
 
     @property
     def hotloop_source(self):
-        """The wait_any source of a reader (wait_any accepts the queue itself)."""
+        """The wait_any source of a reader (wait_any accepts the queue itself). The writer has none: an
+        AttributeError, so ``hasattr(writer, "hotloop_source")`` is False."""
+        if self._reader is None:
+            raise AttributeError(f"queue {self.name}: the writer has no hotloop_source (it has no messages to wait "
+                                 "for); wait on a reader, MessageQueue.create_from_handle(writer.export_handle(), "
+                                 "rank)")
         return self._reader.source
 
     @property
@@ -379,6 +397,8 @@ class MessageQueue:
         """The next object. Raises QueueTimeout, ClosedError (shut down and drained), DeadPeerError (writer died)."""
         ring = self._object_reader
         if ring is None:
+            if self._reader is None:
+                raise self._not_a_reader("dequeue()")
             return serialization.loads(self.dequeue_bytes(timeout))
         obj = ring.read_object(timeout, self._policy, _OBJECT_LOADERS)
         if obj is _NOTHING:
@@ -387,7 +407,12 @@ class MessageQueue:
 
     def dequeue_bytes(self, timeout: float | None = None) -> memoryview:
         """The next message's bytes: a writable buffer owned by the caller."""
-        buf = self._reader.read(timeout, self._policy)
+        try:
+            buf = self._reader.read(timeout, self._policy)
+        except AttributeError:
+            if self._reader is None:
+                raise self._not_a_reader("dequeue_bytes()") from None
+            raise
         if buf is None:
             raise no_message(self.name, timeout)
         return buf
@@ -399,6 +424,8 @@ class MessageQueue:
         The view is released when the block ends; keeping a reference to it (or to an array over it) past
         the block raises BufferError there, so ring memory is never read after the writer may reuse it.
         """
+        if self._reader is None:
+            raise self._not_a_reader("acquire_read()")
         view = self._reader.read_view(timeout, self._policy)
         if view is None:
             raise no_message(self.name, timeout)
@@ -410,6 +437,8 @@ class MessageQueue:
 
     async def dequeue_async(self, timeout: float | None = None):
         """asyncio: the next object; the event loop is woken by the writer (no polling timer)."""
+        if self._reader is None:
+            raise self._not_a_reader("dequeue_async()")
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
