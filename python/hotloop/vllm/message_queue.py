@@ -95,7 +95,21 @@ def _warning_interval() -> float:
 
 
 class MessageQueue(_hl.MessageQueue):
-    """hotloop's MessageQueue (a wait_any source, ``readable()``, ``enqueue_bytes`` ...) with vLLM's calls."""
+    """hotloop's MessageQueue (a wait_any source, ``readable()``, ``enqueue_bytes`` ...) with vLLM's calls.
+
+    Its arguments and defaults are vLLM's, not ``hotloop.MessageQueue``'s, because vLLM's executors construct it
+    (through the plugin) with vLLM's signature and nothing else:
+
+    - ``n_local_reader`` is required, as in vLLM's class (hotloop's defaults to every reader being local).
+    - ``max_chunk_bytes`` defaults to vLLM's 24 MiB (its executors pass 16 MiB), and whatever vLLM asks for is
+      capped at ``RING_CHUNK_CAP`` (4 MiB less 64 bytes): a 16 MiB ring per queue, where hotloop's default 4 MiB
+      chunk makes a 32 MiB one. vLLM opens several queues per deployment and each ring's pages end up resident.
+    - ``dead_reader``, ``name``, ``bind_ip``, ``max_message_bytes`` and ``remote_hwm`` are not taken, and
+      ``create_from_handle`` takes no ``node``: vLLM never passes them, so they keep hotloop's defaults (a dead
+      reader raises DeadPeerError in the writer's next enqueue, as the module's contract says; the publisher
+      binds on ``connect_ip``; the network readers of one node share its relay). Code that needs them uses
+      ``hotloop.MessageQueue`` directly: this class is vLLM's surface over it and nothing more.
+    """
 
     def __init__(self, n_reader, n_local_reader, local_reader_ranks: list[int] | None = None,
                  max_chunk_bytes: int = 1024 * 1024 * 24, max_chunks: int = 10, connect_ip: str | None = None,
