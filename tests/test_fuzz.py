@@ -89,3 +89,45 @@ def test_known_finding_still_reproduces(target, name):
     if result.startswith("KNOWN "):
         raise KnownFindingReproduces(result[:500])
     assert result.startswith("PASSES "), f"{name}: {result}"
+
+
+_SUBSCRIBER_CHECK = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import fuzz_handle
+import hotloop
+
+def raised(call):
+    try:
+        call()
+    except Exception as e:
+        return e
+    raise AssertionError("no exception")
+
+class Other:
+    def __init__(self):
+        raise RuntimeError("another __init__")
+
+cases = {
+    # out of RemoteSubscriber.__init__ (a rank of the wrong type fails there before any socket is made)
+    "subscriber": raised(lambda: fuzz_handle.RemoteSubscriber("tcp://127.0.0.1:1", "x", "q", b"k" * 40,
+                                                               (b"k" * 40, b"k" * 40))),
+    # out of create_from_handle before any reader is made, and out of some other __init__
+    "handle check": fuzz_handle.attach("not a handle", 0),
+    "other init": raised(Other),
+    "none": None,
+}
+for name, e in cases.items():
+    print(name, "->", fuzz_handle._raised_in_remote_subscriber(e))
+"""
+
+
+def test_the_handle_harness_recognises_an_error_of_the_remote_subscriber():
+    """fuzz_handle's F5 check (`_raised_in_remote_subscriber`) says True for an exception that came out of
+    RemoteSubscriber.__init__ and False for others: a check that can no longer say True (say, one matching a file
+    the class has left) fails here."""
+    r = subprocess.run([sys.executable, "-c", _SUBSCRIBER_CHECK, str(FUZZ)], capture_output=True, text=True,
+                       timeout=120, cwd=FUZZ.parent.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = dict(line.split(" -> ") for line in r.stdout.splitlines() if " -> " in line)
+    assert said == {"subscriber": "True", "handle check": "False", "other init": "False", "none": "False"}, r.stdout

@@ -20,7 +20,8 @@ import pytest
 from conftest import require_torch
 
 import hotloop
-from hotloop import ClosedError, DeadPeerError, MessageQueue, WaitPolicy, serialization
+from hotloop import ClosedError, DeadPeerError, MessageQueue, QueueTimeout, WaitPolicy
+from hotloop.queue import serialization
 
 CTX = mp.get_context("fork")
 RING = 1 << 16  # max_chunk_bytes below gives this ring size
@@ -158,7 +159,7 @@ def test_object_path_round_trips_every_kind_of_message_in_order(backend):
         got = [r.dequeue(timeout=30) for _ in range(len(messages) - 3)]
         assert got[:4] == ["", (), {"k": [1, 2.5, "x"]}, big]
         assert bytes(got[4]["buf"]) == b"b" * 5000 and got[5] == b"tail" and bytes(got[6][0]) == b"b" * 5000
-        with pytest.raises(TimeoutError):
+        with pytest.raises(QueueTimeout):
             r.dequeue(timeout=0.01)
         r.close()
 
@@ -204,7 +205,7 @@ def test_bytes_path_and_zero_copy_view():
             assert view.readonly and view.nbytes == 1000 and view[:3].tobytes() == b"xxx"
         with pytest.raises(ValueError):  # released at the end of the block
             view[0]
-        with pytest.raises(TimeoutError):
+        with pytest.raises(QueueTimeout):
             with r.acquire_read(timeout=0.01):
                 pass
         r.close()
@@ -215,7 +216,7 @@ def test_full_ring_times_out_naming_the_slow_reader_and_shutdown_wakes_readers()
     fast = MessageQueue.create_from_handle(q.export_handle(), 0)
     slow = MessageQueue.create_from_handle(q.export_handle(), 1)
     q.wait_until_ready(timeout=5)
-    with pytest.raises(TimeoutError, match=r"reader rank 1 \(pid \d+\) is \d+ bytes behind"):
+    with pytest.raises(QueueTimeout, match=r"reader rank 1 \(pid \d+\) is \d+ bytes behind"):
         for _ in range(100):
             q.enqueue_bytes(b"x" * 900, timeout=0.05)
             fast.dequeue_bytes(timeout=0)
@@ -326,12 +327,81 @@ def test_bad_input_gives_clear_errors_and_loses_nothing():
     q.enqueue("after the errors")
     assert r0.dequeue(timeout=5) == "after the errors" and r1.dequeue(timeout=5) == "after the errors"
     assert not r0.readable()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(QueueTimeout):
         r0.dequeue(timeout=0.01)
     for x in (q, r0, r1):
         x.close()
     with pytest.raises(ClosedError):
         q.enqueue(1)
+
+
+def test_every_wait_for_a_message_that_runs_out_raises_one_queue_timeout(backend):
+    """dequeue (the bound C++ call or the method), dequeue_bytes, acquire_read and dequeue_async raise the same
+    QueueTimeout, a TimeoutError (what vLLM catches), worded once (message_queue.no_message); so do the writer's
+    waits for readers to attach."""
+    from hotloop.queue.message_queue import no_message
+
+    assert issubclass(QueueTimeout, TimeoutError) and hotloop.errors.QueueTimeout is QueueTimeout
+    with _queue(backend) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.wait_until_ready(timeout=10)
+        expected = str(no_message(q.name, 0.01))
+        assert f"queue {q.name}: no message within 0.01 s" in expected
+
+        async def dequeue_async():
+            await r.dequeue_async(timeout=0.01)
+
+        def acquire_read():
+            with r.acquire_read(timeout=0.01):
+                pass
+
+        waits = {"dequeue": lambda: r.dequeue(timeout=0.01),
+                 "MessageQueue.dequeue": lambda: MessageQueue.dequeue(r, timeout=0.01),
+                 "dequeue_bytes": lambda: r.dequeue_bytes(timeout=0.01), "acquire_read": acquire_read,
+                 "dequeue_async": lambda: asyncio.run(dequeue_async())}
+        for what, wait in waits.items():
+            with pytest.raises(QueueTimeout) as raised:
+                wait()
+            assert str(raised.value) == expected, what
+        q.enqueue("still delivered after the timeouts")
+        assert r.dequeue(timeout=5) == "still delivered after the timeouts"
+        r.close()
+    with _queue(backend, n_reader=2) as q:  # rank 1 never attaches
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        with pytest.raises(QueueTimeout, match="1 of 2 .*readers attached within 0.05 s"):
+            q.wait_until_ready(timeout=0.05)
+        r.close()
+
+
+def test_a_readers_call_on_the_writer_and_enqueue_on_a_reader_say_which_side_may_make_them(backend):
+    with _queue(backend) as q:
+        r = MessageQueue.create_from_handle(q.export_handle(), 0)
+        q.wait_until_ready(timeout=10)
+
+        def acquire_read():
+            with q.acquire_read(timeout=0.01):
+                pass
+
+        calls = {"dequeue()": lambda: q.dequeue(timeout=0.01), "dequeue_bytes()": lambda: q.dequeue_bytes(0.01),
+                 "readable()": q.readable, "acquire_read()": acquire_read,
+                 "dequeue_async()": lambda: asyncio.run(q.dequeue_async(timeout=0.01))}
+        for what, call in calls.items():
+            with pytest.raises(RuntimeError, match=re.escape(f"queue {q.name}: {what} is a reader's call and this "
+                                                             "is the queue's writer")) as raised:
+                call()
+            assert "MessageQueue.create_from_handle(writer.export_handle(), rank)" in str(raised.value)
+        with pytest.raises(AttributeError, match="the writer has no hotloop_source"):
+            q.hotloop_source
+        assert not hasattr(q, "hotloop_source")  # so code that asks hasattr() sees no source
+        with pytest.raises(TypeError, match="MessageQueue reader"):
+            hotloop.wait_any([q], timeout=0)
+        assert isinstance(q.wait_stats, (dict, type(None)))  # the writer's own waits: a writer's call too
+        for send in (r.enqueue, r.enqueue_bytes):
+            with pytest.raises(RuntimeError, match="reader rank 0 cannot enqueue; only the writer can"):
+                send(b"x")
+        q.enqueue("the queue still works")
+        assert r.dequeue(timeout=5) == "the queue still works"
+        r.close()
 
 
 def test_readers_are_wait_any_sources_and_readable_never_blocks(backend):
@@ -393,7 +463,7 @@ def test_dequeue_async_many_concurrent_readers_woken_by_the_writer_idle_at_no_cp
         assert all(g == list(range(50)) for g in got)
         # idle: every reader awaits a message that does not come
         c0, t0 = time.process_time(), time.monotonic()
-        with pytest.raises(TimeoutError):
+        with pytest.raises(QueueTimeout):
             await asyncio.gather(*(r.dequeue_async(timeout=1.0) for r in readers))
         return (time.process_time() - c0) / (time.monotonic() - t0)
 
@@ -443,7 +513,7 @@ def test_closing_inherited_copies_in_a_forked_child_leaves_the_parents_queue_alo
         q.enqueue_bytes(b"m" * 900, timeout=5)
         assert bytes(r.dequeue_bytes(timeout=5)) == b"m" * 900
     assert not q._local.shut_down
-    with pytest.raises(TimeoutError, match="reader rank 0"):  # the reader still holds the writer back
+    with pytest.raises(QueueTimeout, match="reader rank 0"):  # the reader still holds the writer back
         for _ in range(10):
             q.enqueue_bytes(b"m" * 900, timeout=0.05)
     q.close()
@@ -468,7 +538,7 @@ def test_shared_memory_enqueue_and_dequeue_are_one_call_unless_a_subclass_overri
         q.enqueue({"k": 1})
         q.enqueue(None, timeout=1)
         assert r.dequeue() == {"k": 1} and r.dequeue(timeout=1) is None
-        with pytest.raises(TimeoutError, match=f"queue {q.name}: no message within 0.01 s"):
+        with pytest.raises(QueueTimeout, match=f"queue {q.name}: no message within 0.01 s"):
             r.dequeue(timeout=0.01)
         r.close()
     with Counting(1) as q:

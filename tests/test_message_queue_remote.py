@@ -14,7 +14,8 @@ import pytest
 from conftest import wait_until
 
 import hotloop
-from hotloop import ClosedError, DeadPeerError, MessageQueue, serialization
+from hotloop import ClosedError, DeadPeerError, MessageQueue, QueueTimeout
+from hotloop.queue import serialization
 
 CTX = mp.get_context("fork")
 CHUNK = (1 << 16) // 4 - 64  # a 64 KiB ring for the local reader
@@ -101,7 +102,7 @@ def test_a_remote_reader_that_does_not_read_makes_enqueue_time_out():
     r = MessageQueue.create_from_handle(q.export_handle(), 0)
     q.wait_until_ready(timeout=10)
     big = b"z" * (1 << 20)
-    with pytest.raises(TimeoutError, match="remote reader .* behind"):
+    with pytest.raises(QueueTimeout, match="remote reader .* behind"):
         for _ in range(1000):  # far more than the buffers on both sides and the kernel's hold
             q.enqueue_bytes(big, timeout=0.2)
     got = 0
@@ -118,7 +119,7 @@ def test_remote_bad_input_gives_clear_errors():
     h = q.export_handle()
     with pytest.raises(hotloop.BadHandleError, match="out of range"):
         MessageQueue.create_from_handle(h, 2)
-    with pytest.raises(TimeoutError, match="0 of 1 local and 0 of 1 remote readers attached"):
+    with pytest.raises(QueueTimeout, match="0 of 1 local and 0 of 1 remote readers attached"):
         q.wait_until_ready(timeout=0.2)
     local = MessageQueue.create_from_handle(h, 0)
     r1 = MessageQueue.create_from_handle(h, 1)
@@ -153,7 +154,7 @@ def _paced_reader(handle, rank, results):
     n = 0
     try:
         while True:
-            q.dequeue_bytes(timeout=2)  # a lost wake-up shows as a TimeoutError here
+            q.dequeue_bytes(timeout=2)  # a lost wake-up shows as a QueueTimeout here
             n += 1
             if rng.random() < 0.3:
                 time.sleep(rng.random() * 0.0005)

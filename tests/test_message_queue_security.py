@@ -12,7 +12,7 @@ import threading
 import pytest
 import zmq
 
-from hotloop import DeadPeerError, MessageQueue
+from hotloop import DeadPeerError, MessageQueue, QueueTimeout
 from hotloop.queue.remote import _rank_topic
 
 CTX = mp.get_context("fork")
@@ -68,7 +68,7 @@ def test_strangers_are_refused_and_never_count_as_a_reader(zctx, stranger):
         sock.setsockopt(zmq.SUBSCRIBE, _rank_topic(0))  # claims rank 0, the only reader
         sock.connect(h.remote_address)
         _wait_for(lambda: q.network_stats["rejected_peers"] >= 1)
-        with pytest.raises(TimeoutError, match="0 of 1 remote"):
+        with pytest.raises(QueueTimeout, match="0 of 1 remote"):
             q.wait_until_ready(timeout=0.3)
         assert q.network_stats["attached"] == []
         # the real reader attaches beside the stranger and is the only one that receives
@@ -112,7 +112,7 @@ def test_queues_of_one_process_admit_only_their_own_readers_keys(zctx):
     sock.setsockopt(zmq.SUBSCRIBE, _rank_topic(0))
     sock.connect(hb.remote_address)
     _wait_for(lambda: b.network_stats["rejected_peers"] >= 1)
-    with pytest.raises(TimeoutError, match="0 of 1 remote"):
+    with pytest.raises(QueueTimeout, match="0 of 1 remote"):
         b.wait_until_ready(timeout=0.3)
     reader_a = MessageQueue.create_from_handle(ha, 0)
     a.wait_until_ready(timeout=10)

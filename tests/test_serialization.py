@@ -1,4 +1,4 @@
-"""hotloop.serialization: an object without large buffers is one part, the bare pickle; large buffers still go
+"""hotloop.queue.serialization: an object without large buffers is one part, the bare pickle; large buffers still go
 out-of-band and the reader's objects point into its own copy; a failed dumps leaves the per-thread pickler clean
 and nothing is kept alive; threads pickle concurrently."""
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from conftest import require_torch
 
-from hotloop import MessageQueue, serialization
+from hotloop import MessageQueue
+from hotloop.queue import serialization
 
 CHUNK = 1 << 17  # records of 128 KiB in a ring of 512 KiB or more: larger messages are split across records
 
@@ -62,6 +63,52 @@ def test_a_tensor_goes_out_of_band_and_is_kept_alive_until_written():
     parts, keep_alive = serialization.dumps({"t": t})
     assert bytes(parts[0][:4]) == serialization.MAGIC and len(parts) == 3 and len(keep_alive) == 1
     assert torch.equal(serialization.loads(_joined(parts))["t"], t)
+
+
+# A 2x2 int32 tensor as dumps() wrote it when the tensor wire name was fixed (HLM1 header, the pickle calling
+# hotloop.queue.serialization._rebuild_tensor, the tensor's 16 bytes out-of-band). Do not regenerate it to make
+# the test below pass: a failure means tensor messages changed format.
+TENSOR_MESSAGE = bytes.fromhex(
+    "484c4d310100000053000000100000000000000080059548000000000000008c1b686f746c6f6f702e71756575652e73657269616c69"
+    "7a6174696f6e948c0f5f72656275696c645f74656e736f7294939428978c05696e743332944b024b02869489749452942e0000000001"
+    "0000000200000003000000")
+
+
+def _globals_named(pickled: bytes) -> list[tuple[str, str]]:
+    """The (module, name) of every global a pickle imports (STACK_GLOBAL after its two strings)."""
+    import pickletools
+
+    strings, named = [], []
+    for op, arg, _pos in pickletools.genops(pickled):
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+        elif op.name == "STACK_GLOBAL":
+            named.append((strings[-2], strings[-1]))
+    return named
+
+
+def test_the_tensor_wire_name_is_stable_and_imports():
+    """A tensor's messages name serialization.WIRE_NAME, on purpose: the name still imports to the function, a
+    message made with it loads, and a tensor's message today names it (a moved function fails here, not in a
+    reader of another process)."""
+    import importlib
+
+    module, name = serialization.WIRE_NAME
+    assert (module, name) == ("hotloop.queue.serialization", "_rebuild_tensor")
+    assert getattr(importlib.import_module(module), name) is serialization._rebuild_tensor
+    require_torch()
+    import torch
+
+    t = serialization.loads(bytearray(TENSOR_MESSAGE))
+    assert t.dtype == torch.int32 and t.tolist() == [[0, 1], [2, 3]]
+    parts, keep_alive = serialization.dumps(torch.arange(4, dtype=torch.int32).reshape(2, 2))
+    today = _joined(parts)  # copied while keep_alive holds the tensor the parts point into
+    del parts, keep_alive
+    assert today[:4] == serialization.MAGIC
+    pickle_start = 12 + 8 * int.from_bytes(today[4:8], "little")
+    pickled = bytes(today[pickle_start:pickle_start + int.from_bytes(today[8:12], "little")])
+    assert _globals_named(pickled) == [serialization.WIRE_NAME]
+    assert serialization.loads(today).tolist() == [[0, 1], [2, 3]]
 
 
 def test_a_failed_dumps_leaves_the_next_message_clean_and_keeps_nothing_alive():
@@ -150,7 +197,8 @@ def test_a_tensor_sent_after_torch_is_imported_goes_out_of_band():
     require_torch()
     code = """
 import sys
-from hotloop import MessageQueue, serialization
+from hotloop import MessageQueue
+from hotloop.queue import serialization
 assert "torch" not in sys.modules
 q = MessageQueue(1, max_chunk_bytes=1 << 17)
 r = MessageQueue.create_from_handle(q.export_handle(), 0)

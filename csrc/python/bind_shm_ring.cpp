@@ -156,7 +156,7 @@ nb::object read_view(PyShmRing& self, const nb::object& timeout, WaitPolicy& pol
                                            Py_ssize_t(self.held.size), PyBUF_READ));
 }
 
-// A thread's pickler of hotloop.serialization (its _Encoder.native), as write_object uses it.
+// A thread's pickler of hotloop.queue.serialization (its _Encoder.native), as write_object uses it.
 struct PickleSink {
   nb::object dump;        // Pickler.dump, bound: writes the stream into `chunks`
   nb::object clear_memo;  // Pickler.clear_memo, bound
@@ -166,7 +166,7 @@ struct PickleSink {
   bool torch_registered = false;  // the pickler reduces torch tensors hotloop's way (set by serialization)
 };
 
-// Every thread's pickler (hotloop.serialization.THREAD_PICKLERS): the calling thread's PickleSink is kept in its
+// Every thread's pickler (hotloop.queue.serialization.THREAD_PICKLERS): the calling thread's PickleSink is kept in its
 // thread-state dict, so it goes with the thread, and looked up in C++ (a Python call to find it cost more than
 // a 64 B message's write). `make` (serialization's encoder().native, which registers torch's reducer when torch
 // is imported) makes it on the thread's first message, and again once torch is imported.
@@ -195,7 +195,7 @@ struct ThreadPicklers {
   }
 };
 
-// How read_object turns a message into an object (hotloop.serialization.OBJECT_LOADERS).
+// How read_object turns a message into an object (hotloop.queue.serialization.OBJECT_LOADERS).
 struct ObjectLoaders {
   nb::object bare_loads;     // pickle.loads: a bare pickle (first byte PROTO)
   nb::object general_loads;  // serialization.loads: any message, from an owned buffer; raises on a corrupt one
@@ -291,14 +291,18 @@ struct ObjectWriter {
 struct ObjectReader {
   nb::object ring;     // ShmRing
   nb::object policy;   // WaitPolicy
-  nb::object loaders;  // ObjectLoaders
-  nb::object name;     // the queue's, for the timeout's message
+  nb::object loaders;    // ObjectLoaders
+  nb::object timed_out;  // timeout -> the exception to raise (the queue's QueueTimeout, worded in Python once)
 
   nb::object operator()(const nb::object& timeout) {
     ObjectLoaders& l = *nb::inst_ptr<ObjectLoaders>(loaders);
     nb::object obj = read_object(*nb::inst_ptr<PyShmRing>(ring), timeout, *nb::inst_ptr<WaitPolicy>(policy), l);
     if (obj.is(l.nothing)) {
-      PyErr_Format(PyExc_TimeoutError, "queue %S: no message within %R s", name.ptr(), timeout.ptr());
+      nb::object exc = timed_out(timeout);
+      if (!PyExceptionInstance_Check(exc.ptr())) {
+        throw nb::type_error("ObjectReader: timed_out(timeout) must return an exception");
+      }
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
       throw nb::python_error();
     }
     return obj;
@@ -361,9 +365,10 @@ void bind_shm_ring(nb::module_& m) {
       .def("__call__", &ObjectWriter::operator(), "obj"_a.none(), "timeout"_a = nb::none());
   nb::class_<ObjectReader>(m, "ObjectReader",
                            "dequeue(timeout=None) of a MessageQueue reading shared memory: the next object; "
-                           "TimeoutError naming the queue when none came within timeout.")
+                           "raises what timed_out(timeout) returns (the queue's QueueTimeout) when none came "
+                           "within timeout.")
       .def("__init__", checked_init<ObjectReader, ObjectLoaders>("loaders must be an ObjectLoaders"), "ring"_a,
-           "policy"_a, "loaders"_a, "name"_a)
+           "policy"_a, "loaders"_a, "timed_out"_a)
       .def("__call__", &ObjectReader::operator(), "timeout"_a = nb::none());
   nb::class_<PyShmRing>(m, "ShmRing",
                         "One-writer, many-reader broadcast ring of byte messages in POSIX shared memory (see "

@@ -5,7 +5,8 @@ The core's (C++, ``hotloop._core``; each keeps the builtin base a caller would c
   SourceError (OSError)            a source can no longer be waited on (its descriptor was closed).
   DeadPeerError (RuntimeError)     a peer process of a queue (its writer or a reader) died.
   BadHandleError (ValueError)      a queue handle does not describe a usable queue for that rank.
-  QueueTimeout (TimeoutError)      a wait for ring space or for a message timed out.
+  QueueTimeout (TimeoutError)      a queue wait ran out: for a message, ring space, a remote reader's send
+                                   buffer, or readers attaching (every MessageQueue timeout is one).
   StepError (RuntimeError)         a step completed through a step notifier failed (the device faulted, ...).
   CudaError (RuntimeError)         a CUDA driver call failed; CudaUnavailableError: no usable driver.
 

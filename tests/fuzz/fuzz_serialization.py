@@ -1,4 +1,4 @@
-"""Fuzz hotloop.serialization.loads: the decoder of every MessageQueue message a reader receives.
+"""Fuzz hotloop.queue.serialization.loads: the decoder of every MessageQueue message a reader receives.
 
 Contract checked: for any bytes, ``loads`` returns an object or raises ValueError("corrupt message: ...");
 never another exception, a crash, a hang (libFuzzer -timeout), an allocation the message's bytes do not pay for

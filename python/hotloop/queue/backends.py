@@ -2,13 +2,14 @@
 the same whichever backend it has, in ``dequeue``, ``wait_any`` / ``Waiter`` (its ``source``) and asyncio.
 
 - ``ReaderBackend``: one reader's end. ``hotloop._core.ShmRing`` attached as a reader (shared memory, ranks below
-  ``n_local_reader``) and ``remote_queue.RemoteSubscriber`` (the network, the other ranks) implement it.
+  ``n_local_reader``) and ``remote.RemoteSubscriber`` (the network, the other ranks) implement it.
 - ``WriterBackend``: the writer's end towards one set of readers. ``ShmRing`` created by the writer (its local
-  readers) and ``remote_queue.RemotePublisher`` (its remote readers) implement it; a writer with both writes to
+  readers) and ``remote.RemotePublisher`` (its remote readers) implement it; a writer with both writes to
   the network first, then to shared memory.
 
-Errors are the same from every backend: TimeoutError (nothing within the timeout: ``read*`` return None
-instead), ClosedError (shut down, or this reader's waits cancelled), DeadPeerError (the other side died).
+Errors are the same from every backend: QueueTimeout, a TimeoutError (a write that found no room within the
+timeout; ``read*`` and ``wait_*`` return None / False instead, and the queue raises it), ClosedError (shut down,
+or this reader's waits cancelled), DeadPeerError (the other side died).
 """
 
 from __future__ import annotations

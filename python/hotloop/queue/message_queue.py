@@ -14,9 +14,12 @@ queue is a facade over declared backends (``backends.py``): a reader has one ``R
 shared-memory ring or the network subscriber), the writer a ``WriterBackend`` per kind of reader it has.
 A reader is a source for :func:`hotloop.wait_any` (pass the queue itself). ``dequeue`` waits in C++ with the GIL
 released (spin, yield, park); ``readable()`` is one atomic load; ``acquire_read()`` lends a zero-copy view;
-``await dequeue_async()`` serves asyncio. Failures: a full ring raises TimeoutError naming the slow reader; a
-dead reader raises DeadPeerError in the writer (or is dropped, ``dead_reader="drop"``); a dead writer or
-``shutdown()`` wakes parked readers with DeadPeerError / ClosedError once every earlier message is delivered.
+``await dequeue_async()`` serves asyncio. Failures: every wait that runs out raises QueueTimeout (a TimeoutError:
+a reader's wait for a message, worded once in ``no_message``; a writer's for ring space, naming the slow reader,
+or for a remote reader's send buffer; ``wait_until_ready``); a dead reader raises DeadPeerError in the writer (or
+is dropped, ``dead_reader="drop"``); a dead writer or ``shutdown()`` wakes parked readers with DeadPeerError /
+ClosedError once every earlier message is delivered. A reader's call on the writer, or ``enqueue`` on a reader,
+raises RuntimeError saying which side may make it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import inspect
 import os
 import re
@@ -66,6 +70,13 @@ class Handle:
     # (public, secret) CurveZMQ client key pair of each remote rank, in rank order from n_local_reader
     remote_client_keys: tuple[tuple[bytes, bytes], ...] = field(default=(), repr=False)
     dead_reader: str = "raise"  # what a writer (or a node's relay) does about a dead reader: "raise" or "drop"
+
+
+def no_message(queue_name: str, timeout) -> QueueTimeout:
+    """The error of a reader's wait for a message that ran out (dequeue, dequeue_bytes, acquire_read,
+    dequeue_async; the bound C++ dequeue calls it too): the one wording of it."""
+    return QueueTimeout(f"queue {queue_name}: no message within {timeout} s; the writer sent nothing in that "
+                        "time (wait longer, or timeout=None to wait until one comes)")
 
 
 def _write_assembled(ring: _core.ShmRing, timeout: float | None, policy: WaitPolicy) -> None:
@@ -213,7 +224,8 @@ class MessageQueue:
         if self._object_ring is not None and cls.enqueue is _CLASS_ENQUEUE:
             self.enqueue = _core.ObjectWriter(self._object_ring, self._policy, _THREAD_PICKLERS, _write_assembled)
         if self._object_reader is not None and cls.dequeue is _CLASS_DEQUEUE:
-            self.dequeue = _core.ObjectReader(self._object_reader, self._policy, _OBJECT_LOADERS, self.name)
+            self.dequeue = _core.ObjectReader(self._object_reader, self._policy, _OBJECT_LOADERS,
+                                              functools.partial(no_message, self.name))
         self._async_watcher = None
         self._companions = companions
         assert reader is None or isinstance(reader, ReaderBackend), type(reader)
@@ -244,7 +256,7 @@ class MessageQueue:
                 "ignored_frames": self._remote.ignored_frames, "relays": dict(self._remote.relay_rank)}
 
     def wait_until_ready(self, timeout: float | None = None) -> None:
-        """Writer: wait until every reader attached (raises TimeoutError naming how many did). Reader: no-op."""
+        """Writer: wait until every reader attached (raises QueueTimeout naming how many did). Reader: no-op."""
         if not self.is_writer:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -255,7 +267,7 @@ class MessageQueue:
             if not backend.wait_all_attached(left, self._policy):
                 counts = " and ".join(f"{b.attached_readers} of {b.n_readers} {where}" for b, where in
                                       ((self._local, "local"), (self._remote, "remote")) if b is not None)
-                raise TimeoutError(f"queue {self.name}: {counts} readers attached within {timeout} s; "
+                raise QueueTimeout(f"queue {self.name}: {counts} readers attached within {timeout} s; "
                                    "start the missing readers with this queue's handle")
 
     def shutdown(self) -> None:
@@ -318,7 +330,7 @@ class MessageQueue:
     # ---- writer ----
 
     def enqueue(self, obj, timeout: float | None = None) -> None:
-        """Send `obj` to every reader. Raises TimeoutError (a full ring; names the slowest reader), DeadPeerError,
+        """Send `obj` to every reader. Raises QueueTimeout (a full ring; names the slowest reader), DeadPeerError,
         ClosedError (after shutdown), ValueError (larger than max_message_bytes); pickling errors leave the
         queue untouched."""
         ring = self._object_ring
@@ -335,10 +347,11 @@ class MessageQueue:
         self._write([data], timeout)
 
     def _write(self, parts: list, timeout: float | None) -> None:
-        """Remote readers first, then shared memory. A TimeoutError or DeadPeerError from the network side means
+        """Remote readers first, then shared memory. A QueueTimeout or DeadPeerError from the network side means
         no local reader got the message; one from the ring after a network send means remote readers did."""
         if self.rank >= 0:  # not is_writer (a property call less on the hot path)
-            raise RuntimeError(f"queue {self.name}: reader rank {self.rank} cannot enqueue; only the writer can")
+            raise RuntimeError(f"queue {self.name}: reader rank {self.rank} cannot enqueue; only the writer can "
+                               "(the MessageQueue(...) that created the queue): send from the writer's process")
         if self._remote is not None and self._max_message_bytes:  # the ring checks its own
             size = memoryview(parts[0]).nbytes if len(parts) == 1 else sum(memoryview(p).nbytes for p in parts)
             if size > self._max_message_bytes:
@@ -349,13 +362,29 @@ class MessageQueue:
 
     # ---- reader ----
 
+    def _not_a_reader(self, call: str) -> RuntimeError:
+        """The error of a reader's call made on the writer."""
+        return RuntimeError(f"queue {self.name}: {call} is a reader's call and this is the queue's writer, which "
+                            "has no messages to read; read on a reader, MessageQueue.create_from_handle("
+                            "writer.export_handle(), rank)")
+
     def readable(self) -> bool:
         """Whether a message is waiting: one atomic load, no system call."""
-        return self._reader.readable()
+        try:
+            return self._reader.readable()
+        except AttributeError:
+            if self._reader is None:
+                raise self._not_a_reader("readable()") from None
+            raise
 
     @property
     def hotloop_source(self):
-        """The wait_any source of a reader (wait_any accepts the queue itself)."""
+        """The wait_any source of a reader (wait_any accepts the queue itself). The writer has none: an
+        AttributeError, so ``hasattr(writer, "hotloop_source")`` is False."""
+        if self._reader is None:
+            raise AttributeError(f"queue {self.name}: the writer has no hotloop_source (it has no messages to wait "
+                                 "for); wait on a reader, MessageQueue.create_from_handle(writer.export_handle(), "
+                                 "rank)")
         return self._reader.source
 
     @property
@@ -365,20 +394,27 @@ class MessageQueue:
         return getattr(self._reader if self._reader is not None else self._local, "wait_stats", None)
 
     def dequeue(self, timeout: float | None = None):
-        """The next object. Raises TimeoutError, ClosedError (shut down and drained), DeadPeerError (writer died)."""
+        """The next object. Raises QueueTimeout, ClosedError (shut down and drained), DeadPeerError (writer died)."""
         ring = self._object_reader
         if ring is None:
+            if self._reader is None:
+                raise self._not_a_reader("dequeue()")
             return serialization.loads(self.dequeue_bytes(timeout))
         obj = ring.read_object(timeout, self._policy, _OBJECT_LOADERS)
         if obj is _NOTHING:
-            raise TimeoutError(f"queue {self.name}: no message within {timeout} s")
+            raise no_message(self.name, timeout)
         return obj
 
     def dequeue_bytes(self, timeout: float | None = None) -> memoryview:
         """The next message's bytes: a writable buffer owned by the caller."""
-        buf = self._reader.read(timeout, self._policy)
+        try:
+            buf = self._reader.read(timeout, self._policy)
+        except AttributeError:
+            if self._reader is None:
+                raise self._not_a_reader("dequeue_bytes()") from None
+            raise
         if buf is None:
-            raise TimeoutError(f"queue {self.name}: no message within {timeout} s")
+            raise no_message(self.name, timeout)
         return buf
 
     @contextlib.contextmanager
@@ -388,9 +424,11 @@ class MessageQueue:
         The view is released when the block ends; keeping a reference to it (or to an array over it) past
         the block raises BufferError there, so ring memory is never read after the writer may reuse it.
         """
+        if self._reader is None:
+            raise self._not_a_reader("acquire_read()")
         view = self._reader.read_view(timeout, self._policy)
         if view is None:
-            raise TimeoutError(f"queue {self.name}: no message within {timeout} s")
+            raise no_message(self.name, timeout)
         try:
             yield view
         finally:
@@ -399,22 +437,24 @@ class MessageQueue:
 
     async def dequeue_async(self, timeout: float | None = None):
         """asyncio: the next object; the event loop is woken by the writer (no polling timer)."""
+        if self._reader is None:
+            raise self._not_a_reader("dequeue_async()")
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(TimeoutError):  # QueueTimeout, or a subclass override's TimeoutError
                 return self.dequeue(timeout=0)
             if self._async_watcher is None:
                 self._async_watcher = _ReadableWatcher(self._reader)
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"queue {self.name}: no message within {timeout} s")
+                raise no_message(self.name, timeout)
             fut = loop.create_future()
             self._async_watcher.notify(loop, fut)
             try:
                 await asyncio.wait_for(fut, remaining)
             except asyncio.TimeoutError:
-                raise TimeoutError(f"queue {self.name}: no message within {timeout} s") from None
+                raise no_message(self.name, timeout) from None
 
 
 # The class's own enqueue/dequeue: a queue binds the C++ calls in their place only while the class still has these.

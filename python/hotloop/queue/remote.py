@@ -53,7 +53,7 @@ import zmq.auth.thread
 import zmq.utils.monitor
 import zmq.utils.z85
 
-from hotloop._core import ClosedError, DeadPeerError, FdSource, SourceError, WaitPolicy, wait_any
+from hotloop._core import ClosedError, DeadPeerError, FdSource, QueueTimeout, SourceError, WaitPolicy, wait_any
 
 KIND_MESSAGE = b"M"
 KIND_SHUTDOWN = b"S"
@@ -542,7 +542,7 @@ class RemotePublisher:
             else:
                 self._sock.send(frames)
         except zmq.Again:
-            raise TimeoutError(f"queue {self.queue_name}: a remote reader is a full send buffer behind and did not "
+            raise QueueTimeout(f"queue {self.queue_name}: a remote reader is a full send buffer behind and did not "
                                f"catch up within {timeout} s; it is too slow or stuck") from None
 
     def shutdown(self) -> None:

@@ -15,7 +15,8 @@ in ring memory, before releasing the record (``pickle.loads`` keeps nothing of i
 else to ``loads`` as a copy.
 
 Formats: a bare pickle starts with the PROTO opcode (0x80); a message with buffers starts with the header
-``<4s I I`` magic ``HLM1``, number of out-of-band buffers, pickle length, then one ``<Q`` length per buffer.
+``<4s I I`` magic ``HLM1``, number of out-of-band buffers, pickle length, then one ``<Q`` length per buffer. A
+CPU tensor is pickled as a call of ``WIRE_NAME`` (``hotloop.queue.serialization._rebuild_tensor``), kept stable.
 
 Errors: ``loads`` raises ValueError (message "corrupt message: ...") for anything that is not one whole message
 (short, bad magic, lengths that do not add up, a tensor whose metadata does not match its bytes) and for a pickle
@@ -66,9 +67,15 @@ def _rebuild_tensor(buf, dtype_name: str, shape: tuple, requires_grad: bool):
     return t
 
 
-# The name messages carry for it: its module's name before the queue became a package (``hotloop.serialization``
-# still imports this module). A message's bytes, and the fuzz corpus's reproducers built on them, stay as they were.
-_rebuild_tensor.__module__ = "hotloop.serialization"
+# The wire name of a tensor: every message holding a CPU tensor names _rebuild_tensor by this module and name,
+# and the reader's unpickler imports it from there. Set on purpose, not left to wherever the function lives:
+# moving or renaming it (or this module) would change every tensor message's bytes and make those written before
+# unreadable. tests/test_serialization.py loads a tensor message made with this name and checks that the name
+# still imports; change it only on purpose, with that test and tests/fuzz/make_corpus.py's corpus. It is the real
+# module's path, not ``hotloop.serialization`` (its name before the queue became a package): a wire name must
+# import in the reader, and no alias module is kept for it (messages between hotloop versions are not a goal).
+WIRE_NAME = ("hotloop.queue.serialization", "_rebuild_tensor")
+_rebuild_tensor.__module__, _rebuild_tensor.__qualname__ = WIRE_NAME
 
 
 def _reduce_tensor(obj, keep_alive: list):

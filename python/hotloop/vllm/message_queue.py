@@ -11,15 +11,15 @@ Contract:
   indefinite=False)``, ``broadcast_object(obj=None)``, ``shutdown()``, ``create_from_process_group(...)`` and
   ``create_from_process_group_single_reader(...)`` (these two need vLLM; the rest does not).
 - Ranks are vLLM's: a rank in ``local_reader_ranks`` reads shared memory (local reader i of hotloop's ring is
-  ``local_reader_ranks[i]``); any other rank reads over TCP (CurveZMQ, ``remote_queue.py``), its slot taken from
+  ``local_reader_ranks[i]``); any other rank reads over TCP (CurveZMQ, ``queue/remote.py``), its slot taken from
   ``remote_reader_ranks`` (default: the lowest ranks that are not local, which is how vLLM's executors number
   their workers). A rank that is in neither list takes the only remote slot when there is exactly one (vLLM
   passes rank -1 for a single-reader queue on another node) and is refused with BadHandleError otherwise.
-- Errors are those vLLM catches: a dequeue or enqueue that times out raises TimeoutError; ``shutdown()`` on a
-  reader (from any thread: vLLM's death-pipe monitor) ends this reader's waits, running or later, with
-  ClosedError, a RuntimeError as vLLM's "cancelled" is; ``fail(reason)`` does the same with DeadPeerError(reason)
-  (a peer known lost: ``ray_liveness.py``); a dead writer raises DeadPeerError (a RuntimeError) in
-  its readers once they read what it sent, and a dead reader raises DeadPeerError in the writer's next enqueue
+- Errors are those vLLM catches: a dequeue or enqueue that times out raises QueueTimeout (a TimeoutError);
+  ``shutdown()`` on a reader (from any thread: vLLM's death-pipe monitor) ends this reader's waits, running or later,
+  with ClosedError, a RuntimeError as vLLM's "cancelled" is; ``fail(reason)`` does the same with
+  DeadPeerError(reason) (a peer known lost: ``ray_liveness.py``); a dead writer raises DeadPeerError (a RuntimeError)
+  in its readers once they read what it sent, and a dead reader raises DeadPeerError in the writer's next enqueue
   (where vLLM's own queue would wait until its timeout).
 - ``dequeue(timeout=None)`` without ``indefinite`` logs vLLM's "No available shared memory broadcast block"
   line every ``VLLM_RINGBUFFER_WARNING_INTERVAL`` seconds of waiting, as vLLM's queue does; the wait itself is
@@ -30,7 +30,7 @@ Contract:
 - What differs: the ring holds 4 x min(max_chunk_bytes, RING_CHUNK_CAP) bytes (``max_chunks`` is ignored); a
   larger message is split across records instead of going over a socket. ``enable_shm_tensor_arena`` is
   ignored (tensors travel out-of-band through the ring: one copy in, one out). ``acquire_read`` lends the
-  message in hotloop's format (a pickle-5 message, ``hotloop.serialization``), not vLLM's slot layout.
+  message in hotloop's format (a pickle-5 message, ``hotloop.queue.serialization``), not vLLM's slot layout.
 - Handles: this class's ``Handle`` is not vLLM's. Reading one with vLLM's own class, or passing vLLM's handle to
   this one, raises an error saying to enable the plugin in every process of the deployment, or in none.
 """
@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import os
 
-from hotloop import message_queue as _hl
+from hotloop.queue import message_queue as _hl
 from hotloop._core import BadHandleError, ClosedError, DeadPeerError, WaitPolicy
 from hotloop.vllm import step_wait
 
@@ -96,7 +96,21 @@ def _warning_interval() -> float:
 
 
 class MessageQueue(_hl.MessageQueue):
-    """hotloop's MessageQueue (a wait_any source, ``readable()``, ``enqueue_bytes`` ...) with vLLM's calls."""
+    """hotloop's MessageQueue (a wait_any source, ``readable()``, ``enqueue_bytes`` ...) with vLLM's calls.
+
+    Its arguments and defaults are vLLM's, not ``hotloop.MessageQueue``'s, because vLLM's executors construct it
+    (through the plugin) with vLLM's signature and nothing else:
+
+    - ``n_local_reader`` is required, as in vLLM's class (hotloop's defaults to every reader being local).
+    - ``max_chunk_bytes`` defaults to vLLM's 24 MiB (its executors pass 16 MiB), and whatever vLLM asks for is
+      capped at ``RING_CHUNK_CAP`` (4 MiB less 64 bytes): a 16 MiB ring per queue, where hotloop's default 4 MiB
+      chunk makes a 32 MiB one. vLLM opens several queues per deployment and each ring's pages end up resident.
+    - ``dead_reader``, ``name``, ``bind_ip``, ``max_message_bytes`` and ``remote_hwm`` are not taken, and
+      ``create_from_handle`` takes no ``node``: vLLM never passes them, so they keep hotloop's defaults (a dead
+      reader raises DeadPeerError in the writer's next enqueue, as the module's contract says; the publisher
+      binds on ``connect_ip``; the network readers of one node share its relay). Code that needs them uses
+      ``hotloop.MessageQueue`` directly: this class is vLLM's surface over it and nothing more.
+    """
 
     def __init__(self, n_reader, n_local_reader, local_reader_ranks: list[int] | None = None,
                  max_chunk_bytes: int = 1024 * 1024 * 24, max_chunks: int = 10, connect_ip: str | None = None,
