@@ -13,7 +13,10 @@ Contract:
   handle fields vLLM reads outside the queue module are fields ours has; the plugin loader reads the
   ``vllm.general_plugins`` entry points; what ``engine_loop`` hooks (``FutureWrapper.result`` and its
   ``get_response`` closure over ``response_mqs`` and ``deadline``, ``EngineCoreProc``'s ``input_queue``,
-  ``_process_engine_step``, ``_handle_client_request``) and what ``timeline`` stamps are there.
+  ``_process_engine_step``, ``_handle_client_request``), what ``timeline`` stamps, and what ``ray_liveness``
+  relies on in vLLM's Ray executor (``RayWorkerHandle.run`` and its fields, every rank run before the monitor
+  starts, the executor's ``response_mqs``, ``ray_worker_handles``, ``is_failed``, ``failure_callback``) are
+  there.
 - ``python -m hotloop.vllm.source_check [PATH_OR_WHEEL ...]`` prints the findings (default: the installed vLLM)
   and exits 1 when one fails: run it on a new vLLM release before adding it to ``SUPPORTED_VLLM_VERSIONS``.
 """
@@ -32,6 +35,7 @@ QUEUE_MODULE = "vllm/distributed/device_communicators/shm_broadcast.py"
 EXECUTOR_MODULE = "vllm/v1/executor/multiproc_executor.py"
 ENGINE_CORE_MODULE = "vllm/v1/engine/core.py"
 PLUGINS_MODULE = "vllm/plugins/__init__.py"
+RAY_EXECUTOR_MODULE = "vllm/v1/executor/ray_executor_v2.py"
 
 # vLLM's queue methods hotloop's class leaves out on purpose: its writer and reader internals (hotloop's are C++).
 # The check fails if vLLM calls one of them outside its own queue module.
@@ -252,6 +256,32 @@ def _loop_checks(source: VllmSource) -> list[Finding]:
     return out
 
 
+def _ray_checks(source: VllmSource) -> list[Finding]:
+    """What ray_liveness.py relies on in vLLM's Ray executor."""
+    out = [_has_method(source, RAY_EXECUTOR_MODULE, "RayWorkerHandle", "run")]
+    out += [_has_method(source, RAY_EXECUTOR_MODULE, "RayExecutorV2", m) for m in ("start_worker_monitor", "shutdown")]
+    handle = _class(source.tree(RAY_EXECUTOR_MODULE), "RayWorkerHandle")
+    fields = {n.target.id for n in (handle.body if handle else []) if isinstance(n, ast.AnnAssign)
+              and isinstance(n.target, ast.Name)}
+    missing = {"actor", "rank", "node_id"} - fields
+    out.append(Finding("RayWorkerHandle has actor, rank and node_id", handle is not None and not missing,
+                       f"missing {sorted(missing)}" if missing else ""))
+    executor = _class(source.tree(RAY_EXECUTOR_MODULE), "RayExecutorV2")
+    init = _methods(executor).get("_init_executor") if executor else None
+    text = ast.get_source_segment(source.text(RAY_EXECUTOR_MODULE), init) or "" if init else ""
+    runs, monitor = text.find("handle.run()"), text.find("self.start_worker_monitor(")
+    out.append(Finding("RayExecutorV2._init_executor runs every handle, then starts its monitor (the links are "
+                       "opened in between)", 0 <= runs < monitor, "" if 0 <= runs < monitor else "order changed"))
+    assigned = {t.attr for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                if isinstance(t, ast.Attribute)} if init else set()
+    missing = {"response_mqs", "ray_worker_handles", "is_failed", "failure_callback"} - assigned
+    out.append(Finding("RayExecutorV2._init_executor sets response_mqs, ray_worker_handles, is_failed and "
+                       "failure_callback", init is not None and not missing,
+                       f"not set there: {sorted(missing)}" if missing else ""))
+    return out
+
+
 def check(path: str) -> tuple[str, list[Finding]]:
     """vLLM's version at ``path`` and the findings (see the module's contract)."""
     from hotloop.vllm.message_queue import MessageQueue
@@ -263,6 +293,7 @@ def check(path: str) -> tuple[str, list[Finding]]:
     findings.append(Finding("the plugin loader reads the vllm.general_plugins entry points", ok,
                             "" if ok else f"not in {PLUGINS_MODULE}"))
     findings += _loop_checks(source)
+    findings += _ray_checks(source)
     findings += [_has_method(source, *hook) for hook in TIMELINE_HOOKS]
     return source.version(), findings
 
