@@ -72,6 +72,9 @@ class EngineCore:
             raise ValueError(f"wait_mode must be one of {WAIT_MODES}, got {wait_mode!r}")
         self.config = model_config(model)
         self.wait_mode = wait_mode
+        # the step's wait, per mode: a table, so each mode's wait is found by name
+        self._wait_for_step = {"block": self._wait_block, "poll": self._wait_poll,
+                               "hotloop": self._wait_hotloop}[wait_mode]
         if isinstance(executor, Executor):
             self.executor = executor
             self.device = executor.device
@@ -178,7 +181,7 @@ class EngineCore:
         self._in_step = True
         try:
             self.executor.submit(sched)
-            tokens = getattr(self, "_wait_" + self.wait_mode)()
+            tokens = self._wait_for_step()
         except ExecutorError as e:
             self._in_step = False
             self.output_queue.put(self.scheduler.fail_all(str(e)))
