@@ -154,3 +154,14 @@ def test_a_transform_replica_drops_a_message_it_cannot_decode_and_serves_on():
             await replica.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_transform_replica_whose_vocoder_cannot_be_built_says_why():
+    from hotloop.errors import EngineDeadError
+    from hotloop.orchestrator.replica import Replica
+
+    async def main():
+        with pytest.raises(EngineDeadError, match=r"vocoder start-up failed: .*dim"):
+            await Replica.start("transform", dim=-1)  # torch.randn refuses a negative size
+
+    asyncio.run(main())

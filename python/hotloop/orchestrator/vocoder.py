@@ -71,7 +71,11 @@ class Vocoder:
 def transform_main(in_addr: str, out_addr: str, kwargs: dict, parent_pid: int, ready_conn) -> None:
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    vocoder = Vocoder(**kwargs)
+    try:
+        vocoder = Vocoder(**kwargs)
+    except BaseException as e:  # the stage's start fails naming why (StageProcess raises EngineDeadError with it)
+        ready_conn.send(f"vocoder start-up failed: {e!r}")
+        raise
     inp, out = connect_to_client(in_addr, out_addr)
     ready_conn.send(os.getpid())
     ready_conn.close()
