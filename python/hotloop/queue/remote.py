@@ -15,7 +15,11 @@ Contract:
   eventfd that stays signalled while a message is buffered in the reader (or the writer shut down or was lost).
   ZeroMQ's descriptors are edge-like (a message can be waiting with the descriptor quiet), so every operation
   leaves the reader either holding the next message (eventfd signalled) or with ZeroMQ drained and its
-  descriptor re-armed; ``readable()`` does the same and never blocks.
+  descriptor re-armed; ``readable()`` does the same and never blocks. A reader woken by its wait receives at
+  once and looks once for the message behind it before returning (the receive and one ZMQ_EVENTS read, each of
+  which may be a poll() inside ZeroMQ); the look stays before the return, not deferred to the next operation
+  behind a signalled eventfd: deferred, the writer's next send in the same thread measured slower (a 64 B round
+  trip 79-80 us against 66-69 us, ``benchmarks/python/remote_round_trip.py --hops``).
 - Every connection is authenticated and encrypted with CurveZMQ (``docs/security.md``): the writer holds a
   server key pair and one client key pair per remote rank, all fresh per queue; the handle carries the server's
   public key and each rank's client pair, so only a process given the handle can connect. A ZAP handler admits
@@ -577,8 +581,9 @@ class RemoteSubscriber:
     # A network reader's default wait: park at once, no spin. Its messages come through ZeroMQ's I/O thread in
     # this process, which needs a CPU to receive and decrypt them; a spinning reader competes with it (64 B round
     # trip between two processes over TCP loopback on a shared 2-core machine, same run: 69 us parked, 99 us
-    # spinning 20 us first), and spinning on a descriptor is a poll() system call per check anyway. A policy
-    # passed to MessageQueue.create_from_handle replaces it.
+    # spinning 20 us first; benchmarks/python/remote_round_trip.py, 4 repetitions, twice: p50 69 us parked,
+    # 135-144 us spinning 30 us first), and spinning on a descriptor is a poll() system call per check anyway. A
+    # policy passed to MessageQueue.create_from_handle replaces it.
     DEFAULT_POLICY = WaitPolicy(spin_us=0, yield_us=0)
 
     def __init__(self, address: str, rank: int, queue_name: str, server_public: bytes,
