@@ -7,11 +7,12 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import threading
 import time
 
 import pytest
 
-from conftest import wait_until
+from conftest import thread_sleeping, wait_until
 
 import hotloop
 from hotloop import ClosedError, DeadPeerError, MessageQueue, QueueTimeout
@@ -270,3 +271,37 @@ def test_the_zap_handler_survives_a_key_forgotten_between_its_two_questions():
         assert zap.is_alive()
     finally:
         zmq_.release()
+
+
+def test_a_parked_remote_reader_woken_by_a_burst_reads_it_all_once_in_order_and_parks_again():
+    """A reader woken by the wait receives at once, without reading ZMQ_EVENTS first; the messages that arrived
+    behind the first are still found (one look after each), and once all are read its source is quiet again
+    (readable() False, the wait times out) rather than left ready with nothing to take."""
+    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
+    r = MessageQueue.create_from_handle(q.export_handle(), 0)
+    q.wait_until_ready(timeout=10)
+    got, errors = [], []
+
+    def read():
+        try:
+            while len(got) < 200:
+                got.append(bytes(r.dequeue_bytes(timeout=10)))
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    for _ in range(3):  # each round: the reader parks first, then a burst wakes it
+        got.clear()
+        t = threading.Thread(target=read)
+        t.start()
+        wait_until(lambda: thread_sleeping(t), what="the reader to park")
+        for i in range(200):
+            q.enqueue_bytes(_payload(i), timeout=10)
+        t.join(30)
+        assert not t.is_alive() and not errors, errors
+        assert got == [_payload(i) for i in range(200)]
+        assert not r.readable()
+        assert hotloop.wait_any([r], timeout=0.05) == []
+        with pytest.raises(TimeoutError):
+            r.dequeue_bytes(timeout=0.05)
+    q.close()
+    r.close()

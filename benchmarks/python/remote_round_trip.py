@@ -3,11 +3,24 @@
 CURVE (the baselines: what the transport costs, and what its encryption costs), in one run.
 ``hotloop bench queue`` runs the same comparison over alternating runs (its table (r)).
 
-    python benchmarks/python/remote_round_trip.py [rounds]
+    python benchmarks/python/remote_round_trip.py [rounds] [--reps N] [--hops]
+
+Method: one process sends 64 B and waits for the echo from a second process (spawned), `rounds` times after
+rounds/10 of warm-up; per configuration the median (p50) and p99 of those round trips. A repetition runs every
+configuration once, each with fresh processes and sockets, in an order that rotates between repetitions (a
+machine whose load drifts favours none of them); the summary gives, per configuration, the median over
+repetitions of p50 and of p99 with [min-max], and the remote reader's p50 over each baseline's p50 *of the same
+repetition*, median [min-max]. Scheduling on a small shared machine moves single runs by 2x: read the ranges.
+
+--hops: the remote reader's round trip cut into hops by time stamps (perf_counter_ns: CLOCK_MONOTONIC, one clock
+for both processes): the writer's enqueue, the flight to the echo's wake-up (ZeroMQ's I/O threads, TCP, CURVE,
+the wake-up of the reader's thread from wait_any), the echo's read after it woke, its enqueue, the flight back
+and the read; and the same for CURVE PUB/SUB (send, flight to the return of the blocking recv), medians in us.
 """
 
+import argparse
 import multiprocessing as mp
-import sys
+import statistics
 import time
 
 import zmq
@@ -15,19 +28,42 @@ import zmq
 from hotloop import MessageQueue
 
 CTX = mp.get_context("spawn")
+ns = time.perf_counter_ns
+MESSAGE = b"x" * 64
 
 
-def _mq_echo(handle, conn, n_local):
+def _stamp_wake_ups(stamps: list) -> None:
+    """Record in `stamps` when each wait of this process's remote readers returns (the --hops breakdown)."""
+    import hotloop.queue.remote as remote
+    wait_any = remote.wait_any
+
+    def stamped(*args, **kwargs):
+        ready = wait_any(*args, **kwargs)
+        stamps.append(ns())
+        return ready
+
+    remote.wait_any = stamped
+
+
+def _mq_echo(handle, conn, n_local, hops):
     r = MessageQueue.create_from_handle(handle, 0)
     back = MessageQueue(1, n_local_reader=n_local, connect_ip="127.0.0.1")
     conn.send(back.export_handle())
     back.wait_until_ready(30)
+    wakes, times = [], []
+    if hops:
+        _stamp_wake_ups(wakes)
     while True:
+        wakes.clear()
         try:
             m = r.dequeue_bytes(timeout=30)
         except Exception:
             break
+        t_read = ns()
         back.enqueue_bytes(m)
+        if hops:
+            times.append((wakes[-1] if wakes else t_read, t_read, ns()))
+    conn.send(times)
     back.close()
 
 
@@ -38,7 +74,7 @@ def _curve(pub, sub, server_public, server_secret):
     sub.curve_publickey, sub.curve_secretkey = zmq.curve_keypair()
 
 
-def _zmq_echo(port, conn, keys):
+def _zmq_echo(port, conn, keys, hops):
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     pub = ctx.socket(zmq.PUB)
@@ -47,29 +83,70 @@ def _zmq_echo(port, conn, keys):
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(f"tcp://127.0.0.1:{port}")
     conn.send(pub.bind_to_random_port("tcp://127.0.0.1"))
+    times = []
     while (m := sub.recv()) != b"stop":
+        t_read = ns()
         pub.send(m)
+        if hops:
+            times.append((t_read, t_read, ns()))
+    conn.send(times)
 
 
-def _measure(send, recv, rounds):
-    lat = []
+def _measure(send, recv, rounds, wakes=None):
+    """Round trips (ns) after rounds/10 of warm-up; with `wakes`, also (start, sent, woken, read) of each."""
+    lat, stamps = [], []
     for i in range(rounds + rounds // 10):
-        t = time.perf_counter_ns()
-        send(b"x" * 64)
+        if wakes is not None:
+            wakes.clear()
+        t = ns()
+        send(MESSAGE)
+        t_sent = ns()
         recv()
-        lat.append(time.perf_counter_ns() - t)
-    lat = sorted(lat[rounds // 10:])
-    return lat[len(lat) // 2] / 1e3, lat[int(len(lat) * 0.99)] / 1e3
+        t_read = ns()
+        lat.append(t_read - t)
+        stamps.append((t, t_sent, wakes[-1] if wakes else t_read, t_read))
+    return lat[rounds // 10:], stamps[rounds // 10:]
 
 
-def _zmq_round_trip(keys, rounds):
+def _hops(stamps, echo_times):
+    """Median of each hop (us) over the rounds both sides recorded (None if the echo recorded none)."""
+    if not echo_times:
+        return None
+    echo_times = echo_times[-len(stamps):]
+    rows = [(t1 - t0, e0 - t1, e1 - e0, e2 - e1, w - e2, t2 - w, t2 - t0)
+            for (t0, t1, w, t2), (e0, e1, e2) in zip(stamps, echo_times)]
+    names = ("enqueue", "flight to echo's wake-up", "echo's read", "echo's enqueue", "flight back to wake-up",
+             "read", "round trip")
+    return {name: statistics.median(r[i] for r in rows) / 1e3 for i, name in enumerate(names)}
+
+
+def _mq_round_trip(n_local, rounds, hops=False):
+    ab = MessageQueue(1, n_local_reader=n_local, connect_ip="127.0.0.1")
+    a, b = CTX.Pipe()
+    p = CTX.Process(target=_mq_echo, args=(ab.export_handle(), b, n_local, hops))
+    p.start()
+    back = MessageQueue.create_from_handle(a.recv(), 0)
+    ab.wait_until_ready(30)
+    wakes = [] if hops else None
+    if hops:
+        _stamp_wake_ups(wakes)
+    lat, stamps = _measure(ab.enqueue_bytes, lambda: back.dequeue_bytes(timeout=10), rounds, wakes)
+    ab.shutdown()
+    echo_times = a.recv() if a.poll(30) else []  # an echo that died sends nothing
+    p.join(10)
+    ab.close()
+    back.close()
+    return lat, (_hops(stamps, echo_times) if hops else None)
+
+
+def _zmq_round_trip(keys, rounds, hops=False):
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     sub = ctx.socket(zmq.SUB)
     if keys:
         _curve(pub, sub, *keys)
     a, b = CTX.Pipe()
-    p = CTX.Process(target=_zmq_echo, args=(pub.bind_to_random_port("tcp://127.0.0.1"), b, keys))
+    p = CTX.Process(target=_zmq_echo, args=(pub.bind_to_random_port("tcp://127.0.0.1"), b, keys, hops))
     p.start()
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(f"tcp://127.0.0.1:{a.recv()}")
@@ -80,34 +157,59 @@ def _zmq_round_trip(keys, rounds):
             break
     while sub.poll(100):
         sub.recv()
-    figures = _measure(pub.send, sub.recv, rounds)
+    lat, stamps = _measure(pub.send, sub.recv, rounds)
     pub.send(b"stop")
+    echo_times = a.recv() if a.poll(30) else []  # an echo that died sends nothing
     p.join(10)
     ctx.destroy(0)
-    return figures
+    return lat, (_hops(stamps, echo_times[-len(stamps):]) if hops else None)
 
 
-def main(rounds: int = 5000):
-    rows = []
-    for n_local, name in ((1, "MessageQueue, shared-memory reader"), (0, "MessageQueue, remote reader (TCP)")):
-        ab = MessageQueue(1, n_local_reader=n_local, connect_ip="127.0.0.1")
-        a, b = CTX.Pipe()
-        p = CTX.Process(target=_mq_echo, args=(ab.export_handle(), b, n_local))
-        p.start()
-        back = MessageQueue.create_from_handle(a.recv(), 0)
-        ab.wait_until_ready(30)
-        rows.append((name, *_measure(ab.enqueue_bytes, lambda: back.dequeue_bytes(timeout=10), rounds)))
-        ab.shutdown()
-        p.join(10)
-        ab.close()
-        back.close()
-    for keys, name in ((None, "pyzmq PUB/SUB (TCP), blocking recv"),
-                       (zmq.curve_keypair(), "pyzmq PUB/SUB (TCP, CURVE), blocking recv")):
-        rows.append((name, *_zmq_round_trip(keys, rounds)))
-    print(f"64 B round trip between two processes, {rounds} rounds (us)")
-    for name, p50, p99 in rows:
-        print(f"  {name:44s} p50 {p50:8.1f}   p99 {p99:8.1f}")
+CONFIGS = (
+    ("MessageQueue, shared-memory reader", lambda rounds, hops: _mq_round_trip(1, rounds)),
+    ("MessageQueue, remote reader (TCP)", lambda rounds, hops: _mq_round_trip(0, rounds, hops)),
+    ("pyzmq PUB/SUB (TCP), blocking recv", lambda rounds, hops: _zmq_round_trip(None, rounds)),
+    ("pyzmq PUB/SUB (TCP, CURVE), blocking recv",
+     lambda rounds, hops: _zmq_round_trip(zmq.curve_keypair(), rounds, hops)),
+)
+REMOTE, PLAIN, CURVE = CONFIGS[1][0], CONFIGS[2][0], CONFIGS[3][0]
+
+
+def _spread(values, fmt="{:.1f}"):
+    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def main(rounds: int = 5000, reps: int = 5, hops: bool = False):
+    p50 = {name: [] for name, _ in CONFIGS}
+    p99 = {name: [] for name, _ in CONFIGS}
+    breakdown = {name: [] for name, _ in CONFIGS}
+    for rep in range(reps):
+        order = CONFIGS[rep % len(CONFIGS):] + CONFIGS[:rep % len(CONFIGS)]
+        for name, run in order:
+            lat, cut = run(rounds, hops)
+            lat.sort()
+            p50[name].append(lat[len(lat) // 2] / 1e3)
+            p99[name].append(lat[int(len(lat) * 0.99)] / 1e3)
+            if cut:
+                breakdown[name].append(cut)
+    print(f"64 B round trip between two processes: {rounds} rounds per run, {reps} repetitions, configurations in "
+          "rotating order; median over repetitions [min-max], us")
+    for name, _ in CONFIGS:
+        print(f"  {name:44s} p50 {_spread(p50[name]):22s} p99 {_spread(p99[name])}")
+    for base in (PLAIN, CURVE):
+        ratios = [r / b for r, b in zip(p50[REMOTE], p50[base])]
+        print(f"  remote reader p50 / {base} p50 (same repetition): {_spread(ratios, '{:.2f}')}")
+    for name, cuts in breakdown.items():
+        if cuts:
+            print(f"  hops of {name} (median over repetitions of each hop's median, us):")
+            for hop in cuts[0]:
+                print(f"    {hop:28s} {_spread([c[hop] for c in cuts])}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5000)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("rounds", nargs="?", type=int, default=5000)
+    parser.add_argument("--reps", type=int, default=5, help="repetitions of every configuration (default 5)")
+    parser.add_argument("--hops", action="store_true", help="also cut the remote round trips into hops")
+    args = parser.parse_args()
+    main(args.rounds, args.reps, args.hops)

@@ -15,7 +15,11 @@ Contract:
   eventfd that stays signalled while a message is buffered in the reader (or the writer shut down or was lost).
   ZeroMQ's descriptors are edge-like (a message can be waiting with the descriptor quiet), so every operation
   leaves the reader either holding the next message (eventfd signalled) or with ZeroMQ drained and its
-  descriptor re-armed; ``readable()`` does the same and never blocks.
+  descriptor re-armed; ``readable()`` does the same and never blocks. A reader woken by its wait receives at
+  once and looks once for the message behind it before returning (the receive and one ZMQ_EVENTS read, each of
+  which may be a poll() inside ZeroMQ); the look stays before the return, not deferred to the next operation
+  behind a signalled eventfd: deferred, the writer's next send in the same thread measured slower (a 64 B round
+  trip 79-80 us against 66-69 us, ``benchmarks/python/remote_round_trip.py --hops``).
 - Every connection is authenticated and encrypted with CurveZMQ (``docs/security.md``): the writer holds a
   server key pair and one client key pair per remote rank, all fresh per queue; the handle carries the server's
   public key and each rank's client pair, so only a process given the handle can connect. A ZAP handler admits
@@ -577,8 +581,9 @@ class RemoteSubscriber:
     # A network reader's default wait: park at once, no spin. Its messages come through ZeroMQ's I/O thread in
     # this process, which needs a CPU to receive and decrypt them; a spinning reader competes with it (64 B round
     # trip between two processes over TCP loopback on a shared 2-core machine, same run: 69 us parked, 99 us
-    # spinning 20 us first), and spinning on a descriptor is a poll() system call per check anyway. A policy
-    # passed to MessageQueue.create_from_handle replaces it.
+    # spinning 20 us first; benchmarks/python/remote_round_trip.py, 4 repetitions, twice: p50 69 us parked,
+    # 135-144 us spinning 30 us first), and spinning on a descriptor is a poll() system call per check anyway. A
+    # policy passed to MessageQueue.create_from_handle replaces it.
     DEFAULT_POLICY = WaitPolicy(spin_us=0, yield_us=0)
 
     def __init__(self, address: str, rank: int, queue_name: str, server_public: bytes,
@@ -657,17 +662,20 @@ class RemoteSubscriber:
         for the one after it, so the source stays signalled while ZeroMQ holds more). None at the timeout.
 
         A message taken and handed out in the same call never touches the eventfd, and ZeroMQ is looked at only
-        after the wait (anything unread keeps the epoll descriptor readable, so the wait returns at once): a
-        message costs two ZMQ_EVENTS reads and the receive."""
+        after the wait (anything unread keeps the epoll descriptor readable, so the wait returns at once). After a
+        wake-up the message is received at once, without reading ZMQ_EVENTS first (the receive processes
+        ZeroMQ's commands itself when it must: one poll() in ZeroMQ instead of two), and once it is handed out,
+        one ZMQ_EVENTS read looks for the next: a message costs the receive and one ZMQ_EVENTS read."""
         deadline = None if timeout is None else time.monotonic() + timeout
         # Between calls the descriptor is readable whenever something may have arrived (see contract), so a call
         # that will wait goes straight to the wait, whose own first look is one poll() of the descriptor.
         woken = not (timeout is None or timeout > 0) or self._pending is not None
+        waited = False  # woken by the wait: a message is almost surely there (see _take_message)
         while True:
             with self._lock:
                 self._check_open()
                 if woken:
-                    self._take_message()
+                    self._take_message(probe=not waited)
                     if self._pending is None:
                         self._take_events()
                 if self._pending is not None:
@@ -690,7 +698,7 @@ class RemoteSubscriber:
             except SourceError:
                 if not self._cancelled:
                     raise  # closed by close() in another thread: the next drain raises ClosedError
-            woken = True
+            woken = waited = True
 
     def read_view(self, timeout: float | None = None, policy: WaitPolicy | None = None):
         """The next message as a read-only view, held until release()."""
@@ -775,14 +783,25 @@ class RemoteSubscriber:
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self._lost = True
 
-    def _take_message(self) -> None:
-        """Receive one message into _pending, unless one is held; otherwise leave the descriptor re-armed."""
+    def _take_message(self, probe: bool = True) -> None:
+        """Receive one message into _pending, unless one is held; otherwise leave the descriptor re-armed.
+
+        probe: read ZMQ_EVENTS first (a poll() in ZeroMQ, ~1.3 us measured here), and receive only if it says a
+        message is there. Without (after a wake-up, when one almost always is), receive at once: a receive that
+        finds nothing processes ZeroMQ's commands and re-arms the descriptor just as the ZMQ_EVENTS read does, but
+        raises zmq.Again (~4 us in pyzmq), so it is worth it only where a message is likely."""
         if self._pending is not None or self._shut_down:
             return
         sock = self._sock
-        if not sock.get(_EVENTS) & _POLLIN:
-            return
-        frame = sock.recv(zmq.NOBLOCK, copy=False)
+        if probe:
+            if not sock.get(_EVENTS) & _POLLIN:
+                return
+            frame = sock.recv(zmq.NOBLOCK, copy=False)
+        else:
+            try:
+                frame = sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
         if not frame.more:  # a message of one part
             self._pending = [frame.buffer] if self._as_parts else bytearray(frame)
             return
