@@ -14,7 +14,8 @@ object shaped like a decode step's scheduler output (``payload`` bytes in a tupl
 - ``hotloop-direct``: the same queue with each remote rank on its own stream (``node=""``): what the relay saves.
 
 Per arm: the writer's CPU per broadcast (the process's user + system time over the run, its ZeroMQ I/O threads
-included, divided by the broadcasts: what the writer's node pays) and the ``enqueue`` call's wall time p50 / p99
+included, less the CPU of the same pacing loop without broadcasts, measured right after, divided by the
+broadcasts: what the writer's node pays) and the ``enqueue`` call's wall time p50 / p99
 (what the engine core's thread waits). Every reader counts what it read; a run where one missed a message fails.
 Each figure is the median over ``runs`` runs that alternate the arms. Goal: hotloop's CPU per broadcast <= 0.6x
 vLLM's.
@@ -67,6 +68,20 @@ def _cpu_s() -> float:
     return time.process_time()  # every thread of this process, ZeroMQ's I/O threads included
 
 
+def _pacing_cpu_s(count: int) -> float:
+    """The CPU of the pacing loop alone (its sleeps and wake-ups, no broadcast), subtracted from every arm."""
+    next_at = time.monotonic()
+    cpu0 = _cpu_s()
+    for _ in range(count):
+        next_at += PERIOD_S
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        time.perf_counter_ns()
+        time.perf_counter_ns()
+    return _cpu_s() - cpu0
+
+
 def one_run(arm: str, count: int, payload: int) -> dict:
     cls = _queue_class(arm)
     mq = cls(N_READERS, N_LOCAL, max_chunk_bytes=1024 * 1024 * 4, connect_ip=LOOPBACK)
@@ -90,7 +105,7 @@ def one_run(arm: str, count: int, payload: int) -> dict:
         mq.enqueue(step)
         walls.append((time.perf_counter_ns() - t0) / 1e3)
     got = dict(out.get(timeout=120) for _ in procs)  # every reader read every message before the CPU is read
-    cpu = _cpu_s() - cpu0
+    cpu = _cpu_s() - cpu0 - _pacing_cpu_s(count)
     for p in procs:
         p.join(30)
     mq.shutdown()
