@@ -68,18 +68,22 @@ def _cpu_s() -> float:
     return time.process_time()  # every thread of this process, ZeroMQ's I/O threads included
 
 
-def _pacing_cpu_s(count: int) -> float:
-    """The CPU of the pacing loop alone (its sleeps and wake-ups, no broadcast), subtracted from every arm."""
+def _paced(count: int, broadcast=None) -> tuple[float, list[float]]:
+    """`count` periods of PERIOD_S, calling `broadcast()` at the start of each (none: the pacing alone, whose CPU
+    every arm has subtracted); returns (this process's CPU seconds over them, each call's wall time in us)."""
+    walls = []
     next_at = time.monotonic()
     cpu0 = _cpu_s()
     for _ in range(count):
         next_at += PERIOD_S
         delay = next_at - time.monotonic()
         if delay > 0:
-            time.sleep(delay)
-        time.perf_counter_ns()
-        time.perf_counter_ns()
-    return _cpu_s() - cpu0
+            time.sleep(delay)  # the engine core waits for the step; this benchmark's pacing, not a data path
+        t0 = time.perf_counter_ns()
+        if broadcast is not None:
+            broadcast()
+        walls.append((time.perf_counter_ns() - t0) / 1e3)
+    return _cpu_s() - cpu0, walls
 
 
 def one_run(arm: str, count: int, payload: int) -> dict:
@@ -93,19 +97,9 @@ def one_run(arm: str, count: int, payload: int) -> dict:
     mq.wait_until_ready()
     step = ("execute_model", (b"s" * payload, list(range(16))), {}, 0)
     mq.enqueue(step)  # the first one: connections warm
-    walls = []
-    next_at = time.monotonic()
-    cpu0 = _cpu_s()
-    for _ in range(count):
-        next_at += PERIOD_S
-        delay = next_at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)  # the engine core waits for the step; this benchmark's pacing, not a data path
-        t0 = time.perf_counter_ns()
-        mq.enqueue(step)
-        walls.append((time.perf_counter_ns() - t0) / 1e3)
-    got = dict(out.get(timeout=120) for _ in procs)  # every reader read every message before the CPU is read
-    cpu = _cpu_s() - cpu0 - _pacing_cpu_s(count)
+    cpu, walls = _paced(count, lambda: mq.enqueue(step))
+    got = dict(out.get(timeout=120) for _ in procs)  # every reader read every message
+    cpu -= _paced(count)[0]
     for p in procs:
         p.join(30)
     mq.shutdown()
