@@ -35,7 +35,7 @@ static_assert(kRecordHeader == 2 * sizeof(uint64_t));
 uint64_t word_of(uint64_t size, uint32_t kind) { return size | uint64_t(kind) << 32; }
 
 // A wait that ends every liveness slice anyway runs the caller's slice hook (the binding's signal check, every
-// 250 ms) at those ends instead of at slices of its own, when its slices are at least half as long: one wake-up
+// 500 ms) at those ends instead of at slices of its own, when its slices are at least half as long: one wake-up
 // a slice does both, and the hook runs at most twice as far apart. The park still runs the hook whenever
 // something else interrupts it (a signal: EINTR). Returns the hooks to wait with.
 const WaitHooks* liveness_sliced(const WaitHooks* hooks, WaitHooks& unsliced) {
