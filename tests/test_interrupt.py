@@ -94,7 +94,8 @@ HELPER_START_DELAY_S = 0.05
 def _interrupt_during_helper_start(shim):
     """Runs HELPER_START_CHILD with the helper's start held back, sends SIGINT during the start-up; returns (the
     time it was sent, the helper's start, the KeyboardInterrupt), or None when the helper started first."""
-    env = dict(os.environ, LD_PRELOAD=str(shim), HOTLOOP_TEST_THREAD_START_DELAY_MS=str(int(HELPER_START_DELAY_S * 1e3)))
+    env = dict(os.environ, LD_PRELOAD=str(shim),
+               HOTLOOP_TEST_THREAD_START_DELAY_MS=str(int(HELPER_START_DELAY_S * 1e3)))
     proc = subprocess.Popen([sys.executable, "-c", HELPER_START_CHILD], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -42,8 +42,8 @@ int prepare() noexcept;
 // Sleeps until a futex word differs from its expected value or is woken, a descriptor is readable (or hung
 // up, in error), the deadline (absolute CLOCK_MONOTONIC ns, kForever: none) or a signal. Fills fds[i].revents
 // after a descriptor's event. Returns 0 when an event ended it (or possibly none: the caller re-checks its
-// sources), ETIMEDOUT, EINTR (also for a signal during the helper's start-up), or an errno when the helper could not be started. At most 64 futexes and 64
-// descriptors.
+// sources), ETIMEDOUT, EINTR (also for a signal during the helper's start-up), or an errno when the helper
+// could not be started. At most 64 futexes and 64 descriptors.
 int park(const futex::WaitEntry* futexes, int n_futexes, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept;
 
 }  // namespace hotloop::waker_thread
