@@ -506,7 +506,7 @@ def test_descriptor_closed_while_a_mixed_wait_watches_it_raises(backend):
         t = later(0.05, lambda: os.close(r))
         t0 = time.monotonic()
         with pytest.raises(hotloop.SourceError, match="closed while waited on"):
-            wait_any([f, src], timeout=5, policy=PARK_AT_ONCE)  # main thread: re-validated every 250 ms slice
+            wait_any([f, src], timeout=5, policy=PARK_AT_ONCE)  # main thread: re-validated every 500 ms slice
         assert time.monotonic() - t0 < 1
         t.join()
     finally:

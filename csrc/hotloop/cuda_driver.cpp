@@ -21,6 +21,36 @@ const char* library_path() {
   return env && *env ? env : "libcuda.so.1";
 }
 
+// Resolves the driver entry points hotloop calls into `d` (and cuInit into `cu_init`) through get_proc. Returns
+// the names it could not resolve, comma-separated ("" when all were).
+std::string resolve_entry_points(PFN_cuGetProcAddress_v2 get_proc, CudaDriver& d, PFN_cuInit& cu_init) {
+  std::string missing;
+  auto resolve = [&](const char* name, auto& fn) {
+    void* p = nullptr;
+    int status = 0;
+    CUresult rc = get_proc(name, &p, kRequestedApiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+    if (rc != CUDA_SUCCESS || p == nullptr || status != 0) {
+      missing += missing.empty() ? name : std::string(", ") + name;
+      return;
+    }
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+  };
+  resolve("cuInit", cu_init);
+  resolve("cuDriverGetVersion", d.cuDriverGetVersion);
+  resolve("cuGetErrorName", d.cuGetErrorName);
+  resolve("cuGetErrorString", d.cuGetErrorString);
+  resolve("cuCtxGetCurrent", d.cuCtxGetCurrent);
+  resolve("cuCtxSetCurrent", d.cuCtxSetCurrent);
+  resolve("cuStreamGetCtx", d.cuStreamGetCtx);
+  resolve("cuStreamAddCallback", d.cuStreamAddCallback);
+  resolve("cuEventCreate", d.cuEventCreate);
+  resolve("cuEventDestroy", d.cuEventDestroy);
+  resolve("cuEventRecord", d.cuEventRecord);
+  resolve("cuEventQuery", d.cuEventQuery);
+  resolve("cuEventSynchronize", d.cuEventSynchronize);
+  return missing;
+}
+
 void load(LoadResult& r) {
   CudaDriver& d = r.driver;
   d.path = library_path();
@@ -41,31 +71,8 @@ void load(LoadResult& r) {
         CUDA_ERROR_NOT_FOUND);
     return;
   }
-  std::string missing;
-  auto resolve = [&](const char* name, auto& fn) {
-    void* p = nullptr;
-    int status = 0;
-    CUresult rc = get_proc(name, &p, kRequestedApiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status);
-    if (rc != CUDA_SUCCESS || p == nullptr || status != 0) {
-      missing += missing.empty() ? name : std::string(", ") + name;
-      return;
-    }
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-  };
   PFN_cuInit cu_init = nullptr;
-  resolve("cuInit", cu_init);
-  resolve("cuDriverGetVersion", d.cuDriverGetVersion);
-  resolve("cuGetErrorName", d.cuGetErrorName);
-  resolve("cuGetErrorString", d.cuGetErrorString);
-  resolve("cuCtxGetCurrent", d.cuCtxGetCurrent);
-  resolve("cuCtxSetCurrent", d.cuCtxSetCurrent);
-  resolve("cuStreamGetCtx", d.cuStreamGetCtx);
-  resolve("cuStreamAddCallback", d.cuStreamAddCallback);
-  resolve("cuEventCreate", d.cuEventCreate);
-  resolve("cuEventDestroy", d.cuEventDestroy);
-  resolve("cuEventRecord", d.cuEventRecord);
-  resolve("cuEventQuery", d.cuEventQuery);
-  resolve("cuEventSynchronize", d.cuEventSynchronize);
+  const std::string missing = resolve_entry_points(get_proc, d, cu_init);
   if (!missing.empty()) {
     r.error = std::make_unique<CudaUnavailable>(
         d.path + " lacks driver entry points hotloop needs (" + missing + "): update the NVIDIA driver",

@@ -35,7 +35,7 @@ static_assert(kRecordHeader == 2 * sizeof(uint64_t));
 uint64_t word_of(uint64_t size, uint32_t kind) { return size | uint64_t(kind) << 32; }
 
 // A wait that ends every liveness slice anyway runs the caller's slice hook (the binding's signal check, every
-// 250 ms) at those ends instead of at slices of its own, when its slices are at least half as long: one wake-up
+// 500 ms) at those ends instead of at slices of its own, when its slices are at least half as long: one wake-up
 // a slice does both, and the hook runs at most twice as far apart. The park still runs the hook whenever
 // something else interrupts it (a signal: EINTR). Returns the hooks to wait with.
 const WaitHooks* liveness_sliced(const WaitHooks* hooks, WaitHooks& unsliced) {
@@ -244,7 +244,11 @@ ShmRing ShmRing::create(const RingGeometry& g, std::string name) {
   return mapped(l, size, name, -1, geo);
 }
 
-ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_capacity, uint32_t expect_readers) {
+namespace {
+
+// Opens and maps the segment `name` that a handle describes (a ring of `capacity` bytes and `n_readers` readers),
+// after checking that geometry and the segment's size. Returns the mapping; its size is *size.
+void* map_segment(const std::string& name, uint64_t capacity, uint32_t n_readers, size_t* size) {
   int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
     throw BadHandleError("no shared-memory segment " + name + " (" + std::strerror(errno) +
@@ -252,17 +256,17 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
                          "removed then); create the reader from a fresh handle before the writer's "
                          "wait_until_ready() times out");
   }
-  if (expect_capacity < 4096 || expect_capacity > kMaxCapacity || (expect_capacity & (expect_capacity - 1)) != 0 ||
-      expect_readers == 0 || expect_readers > 1024) {
+  if (capacity < 4096 || capacity > ShmRing::kMaxCapacity || (capacity & (capacity - 1)) != 0 ||
+      n_readers == 0 || n_readers > 1024) {
     ::close(fd);
-    throw BadHandleError("queue " + name + ": the handle's geometry (capacity " + std::to_string(expect_capacity) +
-                         ", " + std::to_string(expect_readers) + " readers) is not one a ring can have: the "
+    throw BadHandleError("queue " + name + ": the handle's geometry (capacity " + std::to_string(capacity) +
+                         ", " + std::to_string(n_readers) + " readers) is not one a ring can have: the "
                          "handle is corrupt");
   }
   struct stat st {};
   fstat(fd, &st);
-  size_t min_size = Layout::data_offset(expect_readers) + expect_capacity;
-  if (size_t(st.st_size) < sizeof(Layout) || size_t(st.st_size) != min_size) {
+  const size_t min_size = ShmRing::Layout::data_offset(n_readers) + capacity;
+  if (size_t(st.st_size) < sizeof(ShmRing::Layout) || size_t(st.st_size) != min_size) {
     ::close(fd);
     throw BadHandleError("shared-memory segment " + name + " has " + std::to_string(st.st_size) +
                          " bytes, not the " + std::to_string(min_size) + " the handle describes: "
@@ -271,34 +275,53 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
   void* p = mmap(nullptr, min_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) throw std::runtime_error("cannot map " + name + ": " + std::strerror(errno));
-  auto* l = static_cast<Layout*>(p);
-  auto fail = [&](const std::string& why) {
-    munmap(p, min_size);
-    throw BadHandleError("cannot attach to queue " + name + ": " + why);
-  };
-  if (l->magic.load(std::memory_order_acquire) != kMagic) fail("the segment is not a hotloop message queue");
-  if (l->version != kLayoutVersion) {
-    fail("its layout version is " + std::to_string(l->version) + ", this hotloop reads version " +
-         std::to_string(kLayoutVersion) + ": use the same hotloop version in every process");
+  *size = min_size;
+  return p;
+}
+
+}  // namespace
+
+std::string ShmRing::attach_refusal(const Layout* l, uint32_t rank, uint64_t capacity, uint32_t n_readers,
+                                    uint64_t* start) {
+  if (l->magic.load(std::memory_order_acquire) != kMagic) return "the segment is not a hotloop message queue";
+  if (l->version != ShmRing::kLayoutVersion) {
+    return "its layout version is " + std::to_string(l->version) + ", this hotloop reads version " +
+           std::to_string(ShmRing::kLayoutVersion) + ": use the same hotloop version in every process";
   }
-  if (l->capacity != expect_capacity || l->n_readers != expect_readers) {
-    fail("the handle's geometry does not match the segment's (the handle is corrupt or forged)");
+  if (l->capacity != capacity || l->n_readers != n_readers) {
+    return "the handle's geometry does not match the segment's (the handle is corrupt or forged)";
   }
-  if (rank >= expect_readers) {
-    fail("reader rank " + std::to_string(rank) + " is out of range: the queue has " +
-         std::to_string(expect_readers) + " local readers (ranks 0-" + std::to_string(expect_readers - 1) + ")");
+  if (rank >= n_readers) {
+    return "reader rank " + std::to_string(rank) + " is out of range: the queue has " + std::to_string(n_readers) +
+           " local readers (ranks 0-" + std::to_string(n_readers - 1) + ")";
   }
-  ReaderSlot& slot = reinterpret_cast<ReaderSlot*>(static_cast<uint8_t*>(p) + Layout::slots_offset())[rank];
+  const ReaderSlot& slot =
+      reinterpret_cast<const ReaderSlot*>(reinterpret_cast<const uint8_t*>(l) + Layout::slots_offset())[rank];
   // 0 for a fresh slot (only its reader stores to it); anything but a record's start is corrupt.
-  const uint64_t start = slot.read_pos.load(std::memory_order_acquire);
-  if ((start & 7) != 0 || next_header(start, expect_capacity) != start) {
-    fail("reader rank " + std::to_string(rank) + "'s position " + std::to_string(start) + " is not the start of a "
-         "record: the segment is corrupt, recreate the queue");
+  *start = slot.read_pos.load(std::memory_order_acquire);
+  if ((*start & 7) != 0 || next_header(*start, capacity) != *start) {
+    return "reader rank " + std::to_string(rank) + "'s position " + std::to_string(*start) + " is not the start "
+           "of a record: the segment is corrupt, recreate the queue";
   }
   if (slot.dropped.load(std::memory_order_acquire) != 0 && slot.attached.load(std::memory_order_acquire) == 0) {
-    fail("reader rank " + std::to_string(rank) + " was closed to readers: the queue's writer was already sending "
-         "(create every reader before the writer's wait_until_ready() returns)");
+    return "reader rank " + std::to_string(rank) + " was closed to readers: the queue's writer was already "
+           "sending (create every reader before the writer's wait_until_ready() returns)";
   }
+  return "";
+}
+
+ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_capacity, uint32_t expect_readers) {
+  size_t size = 0;
+  void* p = map_segment(name, expect_capacity, expect_readers, &size);
+  auto* l = static_cast<Layout*>(p);
+  auto fail = [&](const std::string& why) {
+    munmap(p, size);
+    throw BadHandleError("cannot attach to queue " + name + ": " + why);
+  };
+  uint64_t start = 0;
+  std::string refusal = attach_refusal(l, rank, expect_capacity, expect_readers, &start);
+  if (!refusal.empty()) fail(refusal);
+  ReaderSlot& slot = reinterpret_cast<ReaderSlot*>(static_cast<uint8_t*>(p) + Layout::slots_offset())[rank];
   uint32_t expected = 0;
   if (!slot.attached.compare_exchange_strong(expected, 1)) {
     fail("reader rank " + std::to_string(rank) + " is already attached (by pid " + std::to_string(slot.pid.load()) +
@@ -309,7 +332,7 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
 
   Geometry geo{expect_capacity, expect_readers, l->max_message, DeadReaderPolicy(l->dead_reader & 1),
                l->writer_pid, l->writer_start_time};
-  ShmRing r = mapped(l, min_size, name, int(rank), geo);
+  ShmRing r = mapped(l, size, name, int(rank), geo);
   r.pos_ = start;
   if (l->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == expect_readers) r.unlink();
   l->space_bell.ring();  // a writer may be waiting in wait_all_attached
@@ -433,6 +456,35 @@ uint64_t ShmRing::slowest_reader_pos(int* slowest_rank) noexcept {
   return min_pos;
 }
 
+// Are the readers that hold the writer back (short of `end`, the end of the record it waits to write) alive? A
+// dead one is dropped (DeadReaderPolicy::kDrop) or reported.
+void ShmRing::check_readers(uint64_t end) {
+  for (uint32_t i = 0; i < geo_.n_readers; ++i) {
+    ReaderSlot& r = slots_[i];
+    if (r.dropped.load(std::memory_order_acquire) || !r.attached.load(std::memory_order_acquire)) continue;
+    if (end - r.read_pos.load(std::memory_order_acquire) <= geo_.capacity) continue;
+    if (process_alive(r.pid.load(), r.start_time)) continue;
+    if (geo_.dead_reader == DeadReaderPolicy::kDrop) {
+      r.dropped.store(1, std::memory_order_release);
+      continue;
+    }
+    throw DeadPeerError("reader rank " + std::to_string(i) + " (pid " + std::to_string(r.pid.load()) +
+                        ") of queue " + name_ + " died: the writer will not wait for it; restart the workers, "
+                        "or create the queue with dead_reader='drop' to go on without it");
+  }
+}
+
+void ShmRing::throw_full(uint64_t pos) {
+  int rank = -1;
+  uint64_t slow = slowest_reader_pos(&rank);
+  ReaderSlot& r = slots_[rank < 0 ? 0 : rank];
+  bool attached = r.attached.load(std::memory_order_acquire) != 0;
+  throw QueueTimeout("queue " + name_ + " is full: reader rank " + std::to_string(rank) +
+                     (attached ? " (pid " + std::to_string(r.pid.load()) + ")" : " (not attached yet)") + " is " +
+                     std::to_string(pos - slow) + " bytes behind, a full ring; it is stuck or slow: make it "
+                     "read, raise the timeout, or use a larger ring");
+}
+
 void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks) {
   Layout* l = layout_;
   const uint64_t pos = pos_;
@@ -451,23 +503,6 @@ void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy
   src.bell = &l->space_bell;
   src.has_space = has_space;
   Source* s = &src;
-  // Are the readers holding the writer back alive? Checked as soon as the ring is full (a reader that died
-  // while the writer was not waiting is found at once) and then every liveness slice.
-  auto check_readers = [&] {
-    for (uint32_t i = 0; i < geo_.n_readers; ++i) {
-      ReaderSlot& r = slots_[i];
-      if (r.dropped.load(std::memory_order_acquire) || !r.attached.load(std::memory_order_acquire)) continue;
-      if (pos + need - r.read_pos.load(std::memory_order_acquire) <= cap) continue;
-      if (process_alive(r.pid.load(), r.start_time)) continue;
-      if (geo_.dead_reader == DeadReaderPolicy::kDrop) {
-        r.dropped.store(1, std::memory_order_release);
-        continue;
-      }
-      throw DeadPeerError("reader rank " + std::to_string(i) + " (pid " + std::to_string(r.pid.load()) +
-                          ") of queue " + name_ + " died: the writer will not wait for it; restart the workers, "
-                          "or create the queue with dead_reader='drop' to go on without it");
-    }
-  };
   WaitHooks unsliced;
   const WaitHooks* inner = liveness_sliced(hooks, unsliced);
   int64_t next_check = 0;
@@ -478,21 +513,14 @@ void ShmRing::wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy
     }
     if (has_space()) return;
     int64_t now = now_ns();
+    // The readers holding the writer back are checked as soon as the ring is full (a reader that died while the
+    // writer was not waiting is found at once) and then every liveness slice.
     if (now >= next_check) {
-      check_readers();
+      check_readers(pos + need);
       next_check = now + kLivenessSliceNs;
       if (has_space()) return;  // a dead reader was dropped
     }
-    if (now >= deadline) {
-      int rank = -1;
-      uint64_t slow = slowest_reader_pos(&rank);
-      ReaderSlot& r = slots_[rank < 0 ? 0 : rank];
-      bool attached = r.attached.load(std::memory_order_acquire) != 0;
-      throw QueueTimeout("queue " + name_ + " is full: reader rank " + std::to_string(rank) +
-                         (attached ? " (pid " + std::to_string(r.pid.load()) + ")" : " (not attached yet)") + " is " +
-                         std::to_string(pos - slow) + " bytes behind, a full ring; it is stuck or slow: make it "
-                         "read, raise the timeout, or use a larger ring");
-    }
+    if (now >= deadline) throw_full(pos);
     if (wait_any(&s, 1, std::min(deadline, next_check) - now, policy, inner) == 0) {
       end_of_liveness_slice(inner, unsliced);
     }
@@ -652,11 +680,8 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
   if (is_writer()) throw std::logic_error("queue " + name_ + ": the writer does not dequeue");
   release();
   throw_if_cancelled();
-  const uint64_t cap = geo_.capacity;
-  const uint64_t mask = cap - 1;
   int64_t deadline = -1;  // computed when the first wait needs it (a message already there costs no clock read)
   for (;;) {
-    // Everything read from shared memory is checked against this reader's own position and geometry.
     uint64_t word = header_word(pos_).load(std::memory_order_acquire);
     // A reply often lands within a few hundred nanoseconds: look again a few times before reading the clock and
     // setting up a wait, which would cost more than that (see kQuickChecks).
@@ -673,67 +698,79 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
       if (!wait_readable(deadline, policy, hooks, now)) return false;
       continue;
     }
-    const uint64_t tail = cap - (pos_ & mask);  // >= kRecordHeader: pos_ is a record's start
-    const uint8_t* rec = data_ + (pos_ & mask);
-    struct {
-      uint32_t size, kind;
-      uint64_t seq;
-    } h{size_of_word(word), kind_of_word(word), 0};
-    std::memcpy(&h.seq, rec + sizeof(uint64_t), sizeof h.seq);
-    const uint64_t len = kRecordHeader + align8(h.size);
-    if (len > tail) corrupt("record of " + std::to_string(h.size) + " bytes runs past the ring's end");
-    const uint8_t* payload = rec + kRecordHeader;
-    switch (h.kind) {
-      case kPad:
-        if (len != tail) corrupt("a pad record that does not end the ring");
-        advance(len);
-        continue;
-      case kWhole:
-        if (h.seq < next_seq_) corrupt("message sequence went back");
-        partial_.reset();
-        assembling_ = false;
-        out.owned.reset();
-        out.data = payload;
-        out.size = h.size;
-        out.seq = h.seq;
-        next_seq_ = h.seq + 1;
-        pending_release_ = len;
-        return true;
-      case kFirst: {
-        if (h.seq < next_seq_ || h.size < 8) corrupt("bad first fragment");
-        uint64_t total;
-        std::memcpy(&total, payload, sizeof total);
-        if (geo_.max_message != 0 && total > geo_.max_message) corrupt("message longer than the maximum");
-        if (total > (uint64_t(1) << 46)) corrupt("message length " + std::to_string(total) + " is not plausible");
-        partial_.allocate(total);  // a half-assembled earlier message (its write failed) is dropped
-        partial_seq_ = h.seq;
-        partial_filled_ = std::min<uint64_t>(h.size - 8, total);
-        std::memcpy(partial_.data(), payload + 8, partial_filled_);
-        assembling_ = true;
-        advance(len);
-        continue;
-      }
-      case kMiddle:
-      case kLast: {
-        if (!assembling_ || h.seq != partial_seq_) corrupt("fragment without its first part");
-        if (partial_filled_ + h.size > partial_.size()) corrupt("fragments longer than the message");
-        std::memcpy(partial_.data() + partial_filled_, payload, h.size);
-        partial_filled_ += h.size;
-        advance(len);
-        if (h.kind == kMiddle) continue;
-        if (partial_filled_ != partial_.size()) corrupt("fragments shorter than the message");
-        assembling_ = false;
-        out.owned = std::move(partial_);
-        out.data = out.owned.data();
-        out.size = out.owned.size();
-        out.seq = h.seq;
-        next_seq_ = h.seq + 1;
-        return true;
-      }
-      default:
-        corrupt("unknown record kind " + std::to_string(h.kind));
-    }
+    if (take_record(word, out)) return true;
   }
+}
+
+bool ShmRing::take_record(uint64_t word, Message& out) {
+  // Everything read from shared memory is checked against this reader's own position and geometry.
+  const uint64_t cap = geo_.capacity;
+  const uint64_t tail = cap - (pos_ & (cap - 1));  // >= kRecordHeader: pos_ is a record's start
+  const uint8_t* rec = data_ + (pos_ & (cap - 1));
+  const uint32_t size = size_of_word(word);
+  const uint32_t kind = kind_of_word(word);
+  uint64_t seq;
+  std::memcpy(&seq, rec + sizeof(uint64_t), sizeof seq);
+  const uint64_t len = kRecordHeader + align8(size);
+  if (len > tail) corrupt("record of " + std::to_string(size) + " bytes runs past the ring's end");
+  const uint8_t* payload = rec + kRecordHeader;
+  switch (kind) {
+    case kPad:
+      if (len != tail) corrupt("a pad record that does not end the ring");
+      advance(len);
+      return false;
+    case kWhole:
+      if (seq < next_seq_) corrupt("message sequence went back");
+      partial_.reset();
+      assembling_ = false;
+      out.owned.reset();
+      out.data = payload;
+      out.size = size;
+      out.seq = seq;
+      next_seq_ = seq + 1;
+      pending_release_ = len;
+      return true;
+    case kFirst:
+      take_first_fragment(payload, size, seq);
+      advance(len);
+      return false;
+    case kMiddle:
+    case kLast:
+      return take_fragment(payload, size, kind == kLast, seq, len, out);
+    default:
+      corrupt("unknown record kind " + std::to_string(kind));
+  }
+}
+
+void ShmRing::take_first_fragment(const uint8_t* payload, uint32_t size, uint64_t seq) {
+  if (seq < next_seq_ || size < 8) corrupt("bad first fragment");
+  uint64_t total;
+  std::memcpy(&total, payload, sizeof total);
+  if (geo_.max_message != 0 && total > geo_.max_message) corrupt("message longer than the maximum");
+  if (total > (uint64_t(1) << 46)) corrupt("message length " + std::to_string(total) + " is not plausible");
+  partial_.allocate(total);  // a half-assembled earlier message (its write failed) is dropped
+  partial_seq_ = seq;
+  partial_filled_ = std::min<uint64_t>(size - 8, total);
+  std::memcpy(partial_.data(), payload + 8, partial_filled_);
+  assembling_ = true;
+}
+
+bool ShmRing::take_fragment(const uint8_t* payload, uint32_t size, bool last, uint64_t seq, uint64_t len,
+                            Message& out) {
+  if (!assembling_ || seq != partial_seq_) corrupt("fragment without its first part");
+  if (partial_filled_ + size > partial_.size()) corrupt("fragments longer than the message");
+  std::memcpy(partial_.data() + partial_filled_, payload, size);
+  partial_filled_ += size;
+  advance(len);
+  if (!last) return false;
+  if (partial_filled_ != partial_.size()) corrupt("fragments shorter than the message");
+  assembling_ = false;
+  out.owned = std::move(partial_);
+  out.data = out.owned.data();
+  out.size = out.owned.size();
+  out.seq = seq;
+  next_seq_ = seq + 1;
+  return true;
 }
 
 // ---- cleanup of segments whose creator died before every reader attached ----

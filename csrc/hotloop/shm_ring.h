@@ -208,6 +208,10 @@ class ShmRing {
 
   void wait_for_space(uint64_t need, int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks);
   uint64_t slowest_reader_pos(int* slowest_rank) noexcept;
+  // wait_for_space(): drops or reports the dead readers that hold back a record ending at `end`; throws
+  // QueueTimeout naming the slowest reader (the writer at `pos`).
+  void check_readers(uint64_t end);
+  [[noreturn]] void throw_full(uint64_t pos);
   // Where the writer puts a record of `rec` bytes: its start (after a pad record over a too-short tail), the
   // next record's start, and how many bytes from the write position must be free (up to the next record's
   // header word, which is cleared when this record is published).
@@ -229,9 +233,19 @@ class ShmRing {
   // `now`: the time if the caller has just read it, else -1.
   bool wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHooks* hooks, int64_t now = -1);
   void advance(uint64_t n) noexcept;
+  // read(): takes the record at the read position, whose header word is `word`. Returns true when it completed a
+  // message (in `out`), false when the next record must be read (after a pad record or a fragment not the last).
+  bool take_record(uint64_t word, Message& out);
+  // A fragmented message's first part (starts assembling it) and its later parts (`last`: the message is whole).
+  void take_first_fragment(const uint8_t* payload, uint32_t size, uint64_t seq);
+  bool take_fragment(const uint8_t* payload, uint32_t size, bool last, uint64_t seq, uint64_t len, Message& out);
   void throw_if_cancelled() const;
   [[noreturn]] void corrupt(const std::string& what) const;
   static ShmRing mapped(Layout* l, size_t size, std::string name, int rank, const Geometry& g);
+  // attach(): why reader `rank` cannot attach to the mapped segment `l` of a ring of `capacity` bytes and
+  // `n_readers` readers ("" when it can, up to claiming its slot); *start: the slot's read position.
+  static std::string attach_refusal(const Layout* l, uint32_t rank, uint64_t capacity, uint32_t n_readers,
+                                    uint64_t* start);
 };
 
 }  // namespace hotloop

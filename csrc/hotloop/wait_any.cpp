@@ -211,6 +211,40 @@ bool park_mixed(SourceSet& set, const uint32_t* seen, int64_t until, ParkBackend
   return rc == ETIMEDOUT;
 }
 
+// A sleep on doorbells only, announced with sequences seen[]: futex_wait (one), futex_waitv (several).
+void park_bells(SourceSet& set, const uint32_t* seen, int64_t until) {
+  if (set.n_bells == 1) {
+    set.bells[0]->park(seen[0], until);
+  } else if (futex::wait_many_supported()) {
+    futex::WaitEntry entries[kMaxSources];
+    for (int i = 0; i < set.n_bells; ++i) {
+      entries[i] = {set.bells[i]->word(), seen[i], set.bells[i]->process_shared()};
+    }
+    futex::wait_many(entries, set.n_bells, until);
+  } else {
+    // Kernels before 5.16 cannot sleep on several futexes: sleep on the first in 1 ms slices.
+    set.bells[0]->park(seen[0], std::min(until, now_ns() + 1'000'000));
+  }
+}
+
+// A ppoll over the descriptors, plus `efd` (>= 0: the eventfd a sliced mixed park's doorbells write to); clears
+// the descriptors' revents unless one had an event. Returns whether it ran to `until`.
+bool park_ppoll(SourceSet& set, int efd, int64_t until) {
+  int nfds = set.n_fds;
+  if (efd >= 0) set.fds[nfds++] = pollfd{efd, POLLIN, 0};
+  timespec ts;
+  const timespec* tp = nullptr;
+  if (until != kForever) {
+    ts = relative_timespec(until);
+    tp = &ts;
+  }
+  int rc = ::ppoll(set.fds, nfds_t(nfds), tp, nullptr);
+  if (rc <= 0) {
+    for (int i = 0; i < set.n_fds; ++i) set.fds[i].revents = 0;
+  }
+  return rc == 0;
+}
+
 // One kernel sleep until `until` (or a ring / readable descriptor / signal). Returns the ready mask after it.
 // A sleep over descriptors that ran to `until` without an event increments *timer_wakeups (when given).
 uint64_t park_once(SourceSet& set, int64_t until, uint64_t* timer_wakeups) {
@@ -232,40 +266,12 @@ uint64_t park_once(SourceSet& set, int64_t until, uint64_t* timer_wakeups) {
   if (uint64_t mask = set.check_all()) return mask;
 
   if (set.n_fds == 0) {
-    if (set.n_bells == 1) {
-      set.bells[0]->park(seen[0], until);
-    } else if (futex::wait_many_supported()) {
-      futex::WaitEntry entries[kMaxSources];
-      for (int i = 0; i < set.n_bells; ++i) {
-        entries[i] = {set.bells[i]->word(), seen[i], set.bells[i]->process_shared()};
-      }
-      futex::wait_many(entries, set.n_bells, until);
-    } else {
-      // Kernels before 5.16 cannot sleep on several futexes: sleep on the first in 1 ms slices.
-      set.bells[0]->park(seen[0], std::min(until, now_ns() + 1'000'000));
-    }
+    park_bells(set, seen, until);
     return set.check_bells();
   }
-
   for (int i = 0; i < set.n_fds; ++i) set.fds[i].revents = 0;
-  bool timer;
-  if (mixed && backend != ParkBackend::kSliced) {
-    timer = park_mixed(set, seen, until, backend);
-  } else {
-    int nfds = set.n_fds;
-    if (guard.efd >= 0) set.fds[nfds++] = pollfd{guard.efd, POLLIN, 0};
-    timespec ts;
-    const timespec* tp = nullptr;
-    if (until != kForever) {
-      ts = relative_timespec(until);
-      tp = &ts;
-    }
-    int rc = ::ppoll(set.fds, nfds_t(nfds), tp, nullptr);
-    if (rc <= 0) {
-      for (int i = 0; i < set.n_fds; ++i) set.fds[i].revents = 0;
-    }
-    timer = rc == 0;
-  }
+  bool timer = mixed && backend != ParkBackend::kSliced ? park_mixed(set, seen, until, backend)
+                                                         : park_ppoll(set, guard.efd, until);
   // A descriptor closed during the sleep reads POLLNVAL when the sleep ends, however it ended.
   if (!timer && !set.any_fd_event() && now_ns() >= until) timer = true;
   if (timer && timer_wakeups != nullptr) ++*timer_wakeups;
@@ -282,6 +288,16 @@ void note_ring_latency(const SourceSet& set, uint64_t mask, int64_t park_start, 
   if (rung >= park_start) st.wake_latency_ns = woke - rung;
 }
 
+// The end of a paced wait that found a source ready at `now`: feeds the interval estimate (the ready time: the
+// source's own, the ring's stamp, or now) and counts how a predicted wait ended.
+void paced_end(WaitPolicy& policy, const PacedPlan& plan, bool early, const WaitStats& st, int64_t now) {
+  policy.observe_ready(st.wake_latency_ns >= 0 ? now - st.wake_latency_ns : now);
+  if (!plan.predicted) return;
+  policy.count_paced(early                           ? PacedOutcome::kEarly
+                     : st.phase == WaitPhase::kSpin ? PacedOutcome::kHit
+                                                    : PacedOutcome::kLate);
+}
+
 // A paced park's timer should fire when asked, not up to the default 50 us slack later (wait_policy.h).
 void precise_timer_slack() noexcept {
   thread_local bool set = false;
@@ -290,19 +306,69 @@ void precise_timer_slack() noexcept {
   ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(WaitPolicy::kPacedTimerSlackNs), 0, 0, 0);
 }
 
+// One wait that found nothing ready at once: what its phases (paced pre-park, spin, yield, park) share. Each phase
+// returns the ready mask that ended it, or 0 when it ran out and the next phase follows.
+struct WaitRun {
+  SourceSet& set;
+  WaitPolicy& policy;
+  const WaitHooks* hooks;
+  WaitStats& st;
+  const int64_t start;
+  const int64_t deadline;
+  const int64_t fd_check;  // descriptors are polled at most this often while spinning and yielding
+  const PacedPlan plan;
+  bool early = false;         // a ring ended the paced pre-park
+  int64_t next_fd_check = 0;  // when the spin and yield phases poll the descriptors next
+
+  // The end of a park that starts at t: the deadline `end`, or sooner the end of the hook's slice.
+  int64_t slice_end(int64_t t, int64_t end) const noexcept {
+    const int64_t hook_slice = hooks ? hooks->slice_ns : 0;
+    return hook_slice > 0 ? std::min(end, t + hook_slice) : end;
+  }
+
+  // After a park that ended with nothing ready: re-validate the descriptors, then run the slice hook (which may
+  // throw to abort the wait).
+  void after_empty_park(bool run_hook) {
+    set.check_fds_still_open();
+    if (run_hook && hooks && hooks->on_slice) hooks->on_slice(hooks->ctx);
+  }
+
+  uint64_t finish(uint64_t mask, int64_t now);
+  uint64_t paced_prepark(int64_t wake_ns, int64_t* woke);
+  uint64_t paced_start(WaitBudgets& budgets, int64_t* spin_start);
+  uint64_t spin(int64_t spin_start, int64_t spin_ns, int64_t spin_end);
+  uint64_t yield(int64_t yield_end, int64_t* yield_stop);
+  uint64_t park(int64_t park_start, int64_t timeout_ns);
+};
+
+// Ends a wait that found `mask` ready; `now` is the time if already read (-1: not read since the last check).
+uint64_t WaitRun::finish(uint64_t mask, int64_t now) {
+  for (uint64_t m = mask; m != 0; m &= m - 1) {
+    Source* s = set.src[__builtin_ctzll(m)];
+    if (!s->keeps_ready_time()) continue;
+    int64_t since = s->ready_since_ns();
+    if (since < start) continue;  // keeps no time (-1), or was ready before this wait began
+    if (now < 0) now = now_ns();
+    st.wake_latency_ns = now - since;
+    s->count_wake_latency(st.wake_latency_ns);
+  }
+  if (policy.adaptive()) policy.record((now < 0 ? now_ns() : now) - start);
+  if (policy.paced()) paced_end(policy, plan, early, st, now < 0 ? now_ns() : now);
+  record_wait(st);
+  return mask;
+}
+
 // The paced pre-park (wait_policy.h, "Paced mode"): a timed sleep until the predicted wake point, which a ring
-// or readable descriptor ends early; the caller's deadline wins. Returns the ready mask when a source ended it
-// ("early"), else 0 with *woke the time it woke.
-uint64_t paced_prepark(SourceSet& set, int64_t wake_ns, int64_t deadline, WaitPolicy& policy,
-                       const WaitHooks* hooks, WaitStats& st, int64_t* woke) {
+// or readable descriptor ends early; the caller's deadline wins. The park phase's loop without its safety bound
+// (the pre-park is short). Returns the ready mask when a source ended it ("early"), else 0; *woke: when it woke.
+uint64_t WaitRun::paced_prepark(int64_t wake_ns, int64_t* woke) {
   precise_timer_slack();
   const int64_t end = std::min(wake_ns, deadline);
-  const int64_t hook_slice = hooks ? hooks->slice_ns : 0;
   const int64_t t0 = now_ns();
   int64_t t = t0;
   while (t < end) {
     ++st.parks;
-    uint64_t mask = park_once(set, hook_slice > 0 ? std::min(end, t + hook_slice) : end, nullptr);
+    uint64_t mask = park_once(set, slice_end(t, end), nullptr);
     t = now_ns();
     if (mask != 0) {
       st.phase_ns[2] += uint64_t(t - t0);
@@ -310,8 +376,7 @@ uint64_t paced_prepark(SourceSet& set, int64_t wake_ns, int64_t deadline, WaitPo
       *woke = t;
       return mask;
     }
-    set.check_fds_still_open();
-    if (t < end && hooks && hooks->on_slice) hooks->on_slice(hooks->ctx);
+    after_empty_park(t < end);
   }
   if (wake_ns <= deadline) policy.record_timer_lateness(t - wake_ns);
   st.phase_ns[2] += uint64_t(t - t0);
@@ -321,26 +386,111 @@ uint64_t paced_prepark(SourceSet& set, int64_t wake_ns, int64_t deadline, WaitPo
 
 // The start of a predicted wait: the timed pre-park when the wake point is far enough ahead, then the spin window
 // (budgets.spin_ns from *spin_start). Returns the ready mask when a source ended the pre-park ("early"), else 0.
-uint64_t paced_start(SourceSet& set, const PacedPlan& plan, int64_t deadline, WaitPolicy& policy,
-                     const WaitHooks* hooks, WaitStats& st, WaitBudgets& budgets, int64_t* spin_start) {
+uint64_t WaitRun::paced_start(WaitBudgets& budgets, int64_t* spin_start) {
   policy.count_predicted();
   if (plan.wake_ns - *spin_start > WaitPolicy::kPacedMinParkNs) {
     st.phase = WaitPhase::kPark;
     st.end = WaitEnd::kPark;
-    if (uint64_t mask = paced_prepark(set, plan.wake_ns, deadline, policy, hooks, st, spin_start)) return mask;
+    if (uint64_t mask = paced_prepark(plan.wake_ns, spin_start)) return mask;
   }
   budgets.spin_ns = std::max<int64_t>(plan.spin_end_ns - *spin_start, 0);
   return 0;
 }
 
-// The end of a paced wait that found a source ready at `now`: feeds the interval estimate (the ready time: the
-// source's own, the ring's stamp, or now) and counts how a predicted wait ended.
-void paced_end(WaitPolicy& policy, const PacedPlan& plan, bool early, const WaitStats& st, int64_t now) {
-  policy.observe_ready(st.wake_latency_ns >= 0 ? now - st.wake_latency_ns : now);
-  if (!plan.predicted) return;
-  policy.count_paced(early                           ? PacedOutcome::kEarly
-                     : st.phase == WaitPhase::kSpin ? PacedOutcome::kHit
-                                                    : PacedOutcome::kLate);
+// Spin: check the doorbell sources every iteration, the clock every 8, descriptors at a bounded rate, until
+// spin_end (no iteration when spin_ns is 0).
+uint64_t WaitRun::spin(int64_t spin_start, int64_t spin_ns, int64_t spin_end) {
+  st.phase = WaitPhase::kSpin;
+  st.end = WaitEnd::kSpin;
+  next_fd_check = spin_start + fd_check;
+  int64_t t = spin_start;  // the last clock read
+  int64_t next_yield = plan.predicted ? spin_start + WaitPolicy::kPacedYieldEveryNs : kForever;
+  uint64_t mask = 0;
+  for (uint64_t i = 1; spin_ns > 0; ++i) {
+    if ((mask = set.check_bells()) != 0) {
+      st.spins = i;
+      break;
+    }
+    cpu_relax();
+    if ((i & 7) == 0) {
+      t = now_ns();
+      if (set.n_fds > 0 && t >= next_fd_check) {
+        if ((mask = set.check_fds()) != 0) {
+          st.spins = i;
+          break;
+        }
+        next_fd_check = t + fd_check;
+      }
+      if (t >= spin_end) {
+        st.spins = i;
+        break;
+      }
+      if (t >= next_yield) {  // paced: let a writer woken onto this core run (wait_policy.h)
+        sched_yield();
+        next_yield = t + WaitPolicy::kPacedYieldEveryNs;
+      }
+    }
+  }
+  st.phase_ns[0] = uint64_t(t - spin_start);
+  return mask;
+}
+
+// Yield: let other threads on this core run between checks, until yield_end. *yield_stop: the last clock read.
+uint64_t WaitRun::yield(int64_t yield_end, int64_t* yield_stop) {
+  st.phase = WaitPhase::kYield;
+  st.end = WaitEnd::kYield;
+  int64_t t = now_ns();
+  const int64_t yield_start = t;
+  uint64_t mask = 0;
+  for (; t < yield_end; t = now_ns()) {
+    mask = set.check_bells();
+    if (mask == 0 && set.n_fds > 0 && t >= next_fd_check) {
+      mask = set.check_fds();
+      next_fd_check = t + fd_check;
+    }
+    if (mask != 0) break;
+    sched_yield();
+    ++st.yields;
+  }
+  st.phase_ns[1] = uint64_t(t - yield_start);
+  *yield_stop = t;
+  return mask;
+}
+
+// Park: sleep in the kernel until a ring, a readable descriptor, the deadline or the end of a slice. Ends the wait:
+// returns its result (0: the deadline passed with nothing ready).
+uint64_t WaitRun::park(int64_t park_start, int64_t timeout_ns) {
+  st.phase = WaitPhase::kPark;
+  st.end = WaitEnd::kPark;
+  // A descriptor closed while the kernel watches it wakes nothing: parks over descriptors end at least every
+  // kFdSafetyNs to re-validate them (kFdRecheckNs for sliced mixed waits, which also notice rings from other
+  // processes that way). Those timer wake-ups are counted; events never wait for them.
+  int64_t safety = 0;
+  if (set.n_fds > 0) {
+    safety = set.n_bells > 0 && current_backend() == ParkBackend::kSliced ? kFdRecheckNs : kFdSafetyNs;
+  }
+  for (;;) {
+    const int64_t t = now_ns();
+    if (t >= deadline) {
+      policy.record(timeout_ns);
+      st.phase_ns[2] += uint64_t(t - park_start);
+      uint64_t mask = set.check_all();
+      if (mask == 0) st.end = WaitEnd::kTimeout;
+      record_wait(st);
+      return mask;
+    }
+    int64_t until = slice_end(t, deadline);
+    const bool safety_bound = safety > 0 && t + safety < until;
+    if (safety_bound) until = t + safety;
+    ++st.parks;
+    if (uint64_t mask = park_once(set, until, safety_bound ? &st.safety_wakeups : nullptr)) {
+      const int64_t woke = now_ns();
+      st.phase_ns[2] += uint64_t(woke - park_start);
+      note_ring_latency(set, mask, t, woke, st);
+      return finish(mask, woke);
+    }
+    after_empty_park(true);
+  }
 }
 
 }  // namespace
@@ -372,133 +522,30 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
 
   const int64_t start = now_ns();
   const int64_t deadline = timeout_ns < 0 || timeout_ns > kForever - start ? kForever : start + timeout_ns;
+  WaitRun w{set, policy, hooks, st, start, deadline, policy.fd_check_ns(),
+            policy.paced() ? policy.plan(start) : PacedPlan{}};
   WaitBudgets budgets = policy.budgets();
-  const int64_t fd_check = policy.fd_check_ns();
-  const PacedPlan plan = policy.paced() ? policy.plan(start) : PacedPlan{};
-  bool early = false;  // a ring ended the paced pre-park
-  // Ends a wait that found `mask` ready; `now` is the time if already read (-1: not read since the last check).
-  auto finish = [&](uint64_t mask, int64_t now) {
-    for (uint64_t m = mask; m != 0; m &= m - 1) {
-      Source* s = set.src[__builtin_ctzll(m)];
-      if (!s->keeps_ready_time()) continue;
-      int64_t since = s->ready_since_ns();
-      if (since < start) continue;  // keeps no time (-1), or was ready before this wait began
-      if (now < 0) now = now_ns();
-      st.wake_latency_ns = now - since;
-      s->count_wake_latency(st.wake_latency_ns);
-    }
-    if (policy.adaptive()) policy.record((now < 0 ? now_ns() : now) - start);
-    if (policy.paced()) paced_end(policy, plan, early, st, now < 0 ? now_ns() : now);
-    record_wait(st);
-    return mask;
-  };
 
   nvtx::Scope wait_range(nvtx::Range::kWait);
   nvtx::Scope spin_range(nvtx::Range::kSpin);
 
   // Paced: park on a timer until shortly before the predicted ready, then spin through it (wait_policy.h).
   int64_t spin_start = start;
-  if (plan.predicted) {
-    if (uint64_t mask = paced_start(set, plan, deadline, policy, hooks, st, budgets, &spin_start)) {
-      early = true;
-      return finish(mask, spin_start);
+  if (w.plan.predicted) {
+    if (uint64_t mask = w.paced_start(budgets, &spin_start)) {
+      w.early = true;
+      return w.finish(mask, spin_start);
     }
   }
-
-  // Spin: check the doorbell sources every iteration, the clock every 8, descriptors at a bounded rate.
-  st.phase = WaitPhase::kSpin;
-  st.end = WaitEnd::kSpin;
   const int64_t spin_end = std::min(deadline, spin_start + budgets.spin_ns);
-  int64_t next_fd_check = spin_start + fd_check;
-  int64_t t = spin_start;  // the last clock read
-  int64_t next_yield = plan.predicted ? spin_start + WaitPolicy::kPacedYieldEveryNs : kForever;
-  for (uint64_t i = 1; budgets.spin_ns > 0; ++i) {
-    if (uint64_t mask = set.check_bells()) {
-      st.spins = i;
-      st.phase_ns[0] = uint64_t(t - spin_start);
-      return finish(mask, -1);
-    }
-    cpu_relax();
-    if ((i & 7) == 0) {
-      t = now_ns();
-      if (set.n_fds > 0 && t >= next_fd_check) {
-        if (uint64_t mask = set.check_fds()) {
-          st.spins = i;
-          st.phase_ns[0] = uint64_t(t - spin_start);
-          return finish(mask, -1);
-        }
-        next_fd_check = t + fd_check;
-      }
-      if (t >= spin_end) {
-        st.spins = i;
-        break;
-      }
-      if (t >= next_yield) {  // paced: let a writer woken onto this core run (wait_policy.h)
-        sched_yield();
-        next_yield = t + WaitPolicy::kPacedYieldEveryNs;
-      }
-    }
+  if (uint64_t mask = w.spin(spin_start, budgets.spin_ns, spin_end)) return w.finish(mask, -1);
+  int64_t park_start;
+  if (uint64_t mask = w.yield(std::min(deadline, spin_end + budgets.yield_ns), &park_start)) {
+    return w.finish(mask, -1);
   }
-  st.phase_ns[0] = uint64_t(t - spin_start);
-
-  // Yield: let other threads on this core run between checks.
-  st.phase = WaitPhase::kYield;
-  st.end = WaitEnd::kYield;
-  const int64_t yield_end = std::min(deadline, spin_end + budgets.yield_ns);
-  t = now_ns();
-  const int64_t yield_start = t;
-  for (; t < yield_end; t = now_ns()) {
-    uint64_t mask = set.check_bells();
-    if (mask == 0 && set.n_fds > 0 && t >= next_fd_check) {
-      mask = set.check_fds();
-      next_fd_check = t + fd_check;
-    }
-    if (mask != 0) {
-      st.phase_ns[1] = uint64_t(t - yield_start);
-      return finish(mask, -1);
-    }
-    sched_yield();
-    ++st.yields;
-  }
-  st.phase_ns[1] = uint64_t(t - yield_start);
-
-  // Park: sleep in the kernel until a ring, a readable descriptor, the deadline or the end of a slice.
   spin_range.end();
   nvtx::Scope park_range(nvtx::Range::kPark);
-  st.phase = WaitPhase::kPark;
-  st.end = WaitEnd::kPark;
-  // A descriptor closed while the kernel watches it wakes nothing: parks over descriptors end at least every
-  // kFdSafetyNs to re-validate them (kFdRecheckNs for sliced mixed waits, which also notice rings from other
-  // processes that way). Those timer wake-ups are counted; events never wait for them.
-  const int64_t hook_slice = hooks ? hooks->slice_ns : 0;
-  int64_t safety = 0;
-  if (set.n_fds > 0) {
-    safety = set.n_bells > 0 && current_backend() == ParkBackend::kSliced ? kFdRecheckNs : kFdSafetyNs;
-  }
-  const int64_t park_start = t;
-  for (;;) {
-    t = now_ns();
-    if (t >= deadline) {
-      policy.record(timeout_ns);
-      st.phase_ns[2] += uint64_t(t - park_start);
-      uint64_t mask = set.check_all();
-      if (mask == 0) st.end = WaitEnd::kTimeout;
-      record_wait(st);
-      return mask;
-    }
-    int64_t until = hook_slice > 0 ? std::min(deadline, t + hook_slice) : deadline;
-    const bool safety_bound = safety > 0 && t + safety < until;
-    if (safety_bound) until = t + safety;
-    ++st.parks;
-    if (uint64_t mask = park_once(set, until, safety_bound ? &st.safety_wakeups : nullptr)) {
-      const int64_t woke = now_ns();
-      st.phase_ns[2] += uint64_t(woke - park_start);
-      note_ring_latency(set, mask, t, woke, st);
-      return finish(mask, woke);
-    }
-    set.check_fds_still_open();
-    if (hooks && hooks->on_slice) hooks->on_slice(hooks->ctx);
-  }
+  return w.park(park_start, timeout_ns);
 }
 
 ParkBackendInfo park_backend() {

@@ -22,7 +22,8 @@
 //
 // Interruption. With hooks, a park lasts at most hooks->slice_ns; after each park that ended without a ready
 // source, hooks->on_slice runs and may throw to abort the wait (the Python binding raises KeyboardInterrupt
-// there). A signal ends a park at once (EINTR), so on_slice runs then too.
+// there). A signal ends a park at once (EINTR; on the helper backend, one during the thread's first park ends
+// it once the helper has started), so on_slice runs then too.
 //
 // Closed descriptors. One that is not open when a park starts throws SourceError at once. One closed while the
 // kernel watches it wakes nothing, so descriptors are

@@ -69,10 +69,21 @@ struct ThreadHelper {
 };
 thread_local ThreadHelper t_helper;
 
-// This thread's helper, started on first use; nullptr (and *err) when it cannot be started.
-Helper* thread_helper(int* err) noexcept {
-  if (t_helper.h != nullptr && t_helper.h->pid == getpid()) return t_helper.h;
-  t_helper.h = nullptr;  // a forked child's copy of its parent's helper stays unused
+// Whether a signal that `mask` (the calling thread's own mask) lets through is pending for this thread: one that
+// will be handled as soon as the thread restores that mask.
+bool unblocked_signal_pending(const sigset_t& mask) noexcept {
+  sigset_t pending;
+  if (sigpending(&pending) != 0) return false;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sigismember(&pending, sig) == 1 && sigismember(&mask, sig) == 0) return true;
+  }
+  return false;
+}
+
+// Starts this thread's helper and returns once it runs. Sets *interrupted when a signal reached the calling thread
+// meanwhile: its handler has then run (at the mask's restore, or during the wait for the helper), and the park
+// must not sleep as if it had not. nullptr (and *err) when the helper cannot be started.
+Helper* start_helper(int* err, bool* interrupted) noexcept {
   auto* h = new (std::nothrow) Helper();
   if (h == nullptr) return *err = ENOMEM, nullptr;
   h->quit_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -82,7 +93,8 @@ Helper* thread_helper(int* err) noexcept {
     return nullptr;
   }
   h->pid = getpid();
-  // The helper blocks every signal, so process-directed signals (Ctrl-C) go to threads that handle them.
+  // The helper blocks every signal, so process-directed signals (Ctrl-C) go to threads that handle them. It
+  // inherits the mask it is created under; a signal that comes for this thread meanwhile waits for the restore.
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -91,6 +103,7 @@ Helper* thread_helper(int* err) noexcept {
   } catch (const std::system_error& e) {
     *err = e.code().value() ? e.code().value() : EAGAIN;
   }
+  if (unblocked_signal_pending(old)) *interrupted = true;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (!h->thread.joinable()) {
     ::close(h->quit_fd);
@@ -98,9 +111,19 @@ Helper* thread_helper(int* err) noexcept {
     return nullptr;
   }
   // Return once the helper runs: a thread still starting may hold its allocator's lock (ASan's does), and a
-  // fork() then (a worker started right after prepare()) gives the child that lock held for good.
-  while (h->started.load(std::memory_order_acquire) == 0) futex::wait(&h->started, 0, false, kForever);
-  return t_helper.h = h;
+  // fork() then (a worker started right after prepare()) gives the child that lock held for good. A signal that
+  // ends this sleep is noted, not lost: the caller's park returns EINTR instead of sleeping through it.
+  while (h->started.load(std::memory_order_acquire) == 0) {
+    if (futex::wait(&h->started, 0, false, kForever) == EINTR) *interrupted = true;
+  }
+  return h;
+}
+
+// This thread's helper, started on first use (see start_helper); nullptr (and *err) when it cannot be started.
+Helper* thread_helper(int* err, bool* interrupted) noexcept {
+  if (t_helper.h != nullptr && t_helper.h->pid == getpid()) return t_helper.h;
+  t_helper.h = nullptr;  // a forked child's copy of its parent's helper stays unused
+  return t_helper.h = start_helper(err, interrupted);
 }
 
 }  // namespace
@@ -109,15 +132,18 @@ bool available() noexcept { return futex::wait_many_supported(); }
 
 int prepare() noexcept {
   int err = 0;
-  if (thread_helper(&err) == nullptr) return err;
+  bool interrupted = false;  // not a wait: the signal's handler has run, and its caller sees its effect as usual
+  if (thread_helper(&err, &interrupted) == nullptr) return err;
   return fd_watch::this_thread().prepare();
 }
 
 int park(const futex::WaitEntry* futexes, int n_futexes, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept {
   if (n_fds <= 0) return EINVAL;
   int err = 0;
-  Helper* h = thread_helper(&err);
+  bool interrupted = false;
+  Helper* h = thread_helper(&err, &interrupted);
   if (h == nullptr) return err;
+  if (interrupted) return EINTR;  // a signal came while the helper started: as if it had ended the sleep
   fd_watch::Watch& watch = fd_watch::this_thread();
 
   // Read before arming: a firing of the helper from here on changes the word, so futex_waitv cannot sleep

@@ -13,6 +13,10 @@
 // Thread-safety. One helper per waiting thread, created at that thread's first park here and reused until
 // the thread exits (then stopped and joined); it blocks every signal. A forked child starts its own helper.
 //
+// Signals. A signal to the waiting thread ends its sleep in futex_waitv (EINTR). One that reaches it while its
+// first park starts the helper (created under a full signal mask; the park sleeps until the helper runs) has
+// been handled by then, so that park returns EINTR once the helper runs instead of sleeping through it.
+//
 // What blocks: park(), until an event, the deadline or a signal (EINTR). Cost per park: one epoll_ctl per
 // descriptor; a futex wake to arm the helper after it fired. One thread (its stack) and one eventfd per
 // waiting thread (to end the helper's poll at exit), plus the watch.
@@ -38,8 +42,8 @@ int prepare() noexcept;
 // Sleeps until a futex word differs from its expected value or is woken, a descriptor is readable (or hung
 // up, in error), the deadline (absolute CLOCK_MONOTONIC ns, kForever: none) or a signal. Fills fds[i].revents
 // after a descriptor's event. Returns 0 when an event ended it (or possibly none: the caller re-checks its
-// sources), ETIMEDOUT, EINTR, or an errno when the helper could not be started. At most 64 futexes and 64
-// descriptors.
+// sources), ETIMEDOUT, EINTR (also for a signal during the helper's start-up), or an errno when the helper
+// could not be started. At most 64 futexes and 64 descriptors.
 int park(const futex::WaitEntry* futexes, int n_futexes, pollfd* fds, int n_fds, int64_t deadline_ns) noexcept;
 
 }  // namespace hotloop::waker_thread

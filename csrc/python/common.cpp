@@ -18,12 +18,17 @@ unsigned long g_main_thread = 0;
 PyObject* g_empty = nullptr;  // queue.Empty, kept for the life of the process
 
 // A parked main thread is normally woken at once by a signal (EINTR: the kernel prefers the main thread for
-// process-directed signals). The slice is the fallback for a signal caught by another thread (and, measured, for
-// a mixed park on the futex_waitv helper backend, which a SIGINT does not interrupt); each slice end takes the
-// GIL and costs ~60-90 us of CPU on small VMs, so 250 ms keeps an idle wait well under 0.1 % of a core. A queue
-// reader's park, which ends every 500 ms anyway for its writer's liveness, checks signals there instead
-// (shm_ring.cpp, liveness_sliced): one wake-up for both.
-constexpr int64_t kSignalSliceNs = 250'000'000;
+// process-directed signals; on the futex_waitv helper backend, during a thread's first park too, while the helper
+// starts: waker_thread.cpp). The slice is the fallback for a signal the park cannot see: one caught by another
+// thread, or one that came between the wait's last signal check and the start of its sleep (its handler has run, so
+// the sleep does not end; the io_uring backend's one-time 2 ms self-test is such a window). Each slice end takes
+// the GIL and costs ~60-90 us of CPU on small VMs. 500 ms, the queue's liveness slice: a parked queue reader does
+// both checks in one wake-up (shm_ring.cpp, liveness_sliced), so no longer slice would wake it less often; and a
+// longer one would stretch the Ctrl-C that another thread caught and the SourceError of a descriptor closed under a
+// wait (re-validated at each slice end; kFdSafetyNs, 1 s, without hooks) beyond the half second the tests and docs
+// promise. Two wake-ups a second per parked main thread (vLLM's engine core and each worker have one): 0.059 /
+// 0.085 % of a core at TP=1 / TP=2, against 0.069 / 0.098 % at 250 ms.
+constexpr int64_t kSignalSliceNs = 500'000'000;
 
 // Prompt GIL hand-over: CPython gives a thread that asks for the GIL the lock only after the holder's switch
 // interval (5 ms by default) has passed. A woken waiter that must react quickly shortens the interval while it

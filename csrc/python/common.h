@@ -50,7 +50,7 @@ class ReleasedGil {
   PyThreadState* state_;
 };
 
-// Runs wait_any with the GIL released. On the main thread the park is sliced (250 ms) so that a pending
+// Runs wait_any with the GIL released. On the main thread the park is sliced (500 ms) so that a pending
 // signal (Ctrl-C) is handled: the Python exception it raises propagates out of this call.
 // If woke_ns is given, it receives the CLOCK_MONOTONIC time at which the core wait returned, before the GIL
 // was taken back (the difference to "back in Python" is the GIL hand-over). prompt_gil: when a source is
