@@ -91,6 +91,25 @@ TREE = {
             def _process_engine_step(self): pass
             def _handle_client_request(self, request_type, request): pass
     """,
+    "vllm/v1/executor/ray_executor_v2.py": """
+        class RayWorkerHandle:
+            actor: object
+            rank: int
+            local_rank: int
+            node_id: str
+            def run(self): pass
+        class RayExecutorV2:
+            def _init_executor(self):
+                self.is_failed = False
+                self.failure_callback = None
+                self.ray_worker_handles = []
+                self.response_mqs = []
+                for handle in self.ray_worker_handles:
+                    handle.run()
+                self.start_worker_monitor()
+            def start_worker_monitor(self, inline=False): pass
+            def shutdown(self): pass
+    """,
     "vllm/v1/core/sched/scheduler.py": "class Scheduler:\n    def update_from_output(self, a, b): pass\n",
     "vllm/v1/worker/worker_base.py": "class WorkerWrapperBase:\n    def execute_model(self, s): pass\n",
 }
@@ -113,6 +132,7 @@ def _tree(tmp_path, **changes):
 
 EXECUTOR = "vllm/v1/executor/multiproc_executor.py"
 QUEUE = "vllm/distributed/device_communicators/shm_broadcast.py"
+RAY = "vllm/v1/executor/ray_executor_v2.py"
 
 
 @pytest.mark.parametrize("changes, failure", [
@@ -139,6 +159,14 @@ QUEUE = "vllm/distributed/device_communicators/shm_broadcast.py"
      "EngineCoreProc._process_engine_step"),
     ({"vllm/plugins/__init__.py": [('"vllm.general_plugins"', '"vllm.plugins"')]}, "vllm.general_plugins"),
     ({EXECUTOR: [("def sample_tokens", "def sample")]}, "MultiprocExecutor.sample_tokens"),
+    ({RAY: [("    def run(self): pass", "    def start(self): pass")]}, "RayWorkerHandle.run"),
+    ({RAY: [("    node_id: str", "    node: str")]}, "RayWorkerHandle has actor, rank and node_id"),
+    ({RAY: [("        for handle in self.ray_worker_handles:\n            handle.run()\n"
+             "        self.start_worker_monitor()",
+             "        self.start_worker_monitor()\n"
+             "        for handle in self.ray_worker_handles:\n            handle.run()")]},
+     "runs every handle, then starts its monitor"),
+    ({RAY: [("        self.response_mqs = []\n", "")]}, "not set there: ['response_mqs']"),
 ])
 def test_the_check_catches_what_would_break_hotloop(tmp_path, changes, failure):
     version, findings = source_check.check(_tree(tmp_path, **changes))

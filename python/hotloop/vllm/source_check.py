@@ -257,7 +257,9 @@ def _loop_checks(source: VllmSource) -> list[Finding]:
 
 
 def _ray_checks(source: VllmSource) -> list[Finding]:
-    """What ray_liveness.py relies on in vLLM's Ray executor."""
+    """What ray_liveness.py relies on in vLLM's Ray executor (a release without that executor: nothing to patch)."""
+    if source.tree(RAY_EXECUTOR_MODULE) is None:
+        return [Finding(f"vLLM's Ray executor ({RAY_EXECUTOR_MODULE})", True, "not in this release: nothing to patch")]
     out = [_has_method(source, RAY_EXECUTOR_MODULE, "RayWorkerHandle", "run")]
     out += [_has_method(source, RAY_EXECUTOR_MODULE, "RayExecutorV2", m) for m in ("start_worker_monitor", "shutdown")]
     handle = _class(source.tree(RAY_EXECUTOR_MODULE), "RayWorkerHandle")
