@@ -34,15 +34,15 @@ MESSAGE = b"x" * 64
 
 def _stamp_wake_ups(stamps: list) -> None:
     """Record in `stamps` when each wait of this process's remote readers returns (the --hops breakdown)."""
-    import hotloop.queue.remote as remote
-    wait_any = remote.wait_any
+    import hotloop.queue.remote.subscriber as subscriber
+    wait_any = subscriber.wait_any
 
     def stamped(*args, **kwargs):
         ready = wait_any(*args, **kwargs)
         stamps.append(ns())
         return ready
 
-    remote.wait_any = stamped
+    subscriber.wait_any = stamped
 
 
 def _mq_echo(handle, conn, n_local, hops):
