@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hotloop.soak.process import CTX, LOOPBACK, _die_with_parent, _log, _start_time, send_signal
+from hotloop.soak.own_processes import CTX, LOOPBACK, _die_with_parent, _log, _start_time, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.report import Report

@@ -31,8 +31,8 @@ import time
 
 from hotloop.soak.chaos import Chaos
 from hotloop.soak.network_chaos import BOUND_SLACK_S, NetworkChaos
-from hotloop.soak.process import (HANG_S, LOOPBACK, START_TIMEOUT_S, _creator_pid, _log, children_of, descendants_of,
-                                  open_fds, shm_entries)
+from hotloop.soak.own_processes import (HANG_S, LOOPBACK, START_TIMEOUT_S, _creator_pid, _log, children_of,
+                                        descendants_of, open_fds, shm_entries)
 from hotloop.soak.queue_load import QueueGroup
 from hotloop.soak.report import Report
 from hotloop.soak.request_load import EngineLoad, OrchestratorLoad

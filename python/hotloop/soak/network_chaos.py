@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hotloop.soak.process import _log, send_signal
+from hotloop.soak.own_processes import _log, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.nodes import SoakNodes

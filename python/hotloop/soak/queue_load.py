@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from hotloop.soak.chaos import Kill, Target
 from hotloop.soak.network_chaos import PARTITION, NetFault
-from hotloop.soak.process import CTX, HANG_S, LOOPBACK, START_TIMEOUT_S, _die_with_parent, send_signal
+from hotloop.soak.own_processes import CTX, HANG_S, LOOPBACK, START_TIMEOUT_S, _die_with_parent, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.nodes import SoakNodes

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from hotloop.soak.process import _log, percentiles
+from hotloop.soak.own_processes import _log, percentiles
 
 if TYPE_CHECKING:
     from hotloop.soak.chaos import Chaos, Kill
