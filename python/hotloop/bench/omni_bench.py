@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from hotloop.bench.report import Progress, Report, fmt, median, percentile, table
+from hotloop.bench.report import Progress, Report, median, median_range, percentile, table
 
 ARMS = ("event", "event+hotloop", "legacy")
 BASELINE = "event"
@@ -264,10 +264,6 @@ def _stats(xs):
     return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
-def _cell(st, digits):
-    return f"{fmt(st['median'], digits)} ({fmt(st['min'], digits)}-{fmt(st['max'], digits)})"
-
-
 FIGURES = {"ttfo_p50_ms": ("first output p50 ms", 1), "ttfo_p99_ms": ("first output p99 ms", 1),
            "e2e_p50_ms": ("end to end p50 ms", 1), "e2e_p99_ms": ("end to end p99 ms", 1),
            "cpu_s_per_1k_tok": ("CPU s / 1k tok", 2), "idle_tree_pct": ("idle tree %", 2),
@@ -360,14 +356,14 @@ def goals(data: dict) -> list[dict]:
 def render(data: dict, arms) -> Report:
     n = data["rounds"]
     keys = list(FIGURES)
-    rows = [[arm] + [_cell(data["per_arm"][arm][k], FIGURES[k][1]) for k in keys] for arm in arms]
-    rows += [[f"{arm}/{BASELINE}"] + [_cell(data["ratio"][arm][k], 2) for k in keys] for arm in data["ratio"]]
+    rows = [[arm] + [median_range(data["per_arm"][arm][k], FIGURES[k][1]) for k in keys] for arm in arms]
+    rows += [[f"{arm}/{BASELINE}"] + [median_range(data["ratio"][arm][k], 2) for k in keys] for arm in data["ratio"]]
     parts = [table(f"vllm-omni {data['vllm_omni_version']} (vLLM {data['vllm_version']}) AsyncOmni, two text stages: "
                    f"{data['requests']} sequential requests, {data['tokens_per_stage']} greedy tokens per stage; "
                    f"median (min-max) over {n} round{'s' * (n > 1)}", ["arm"] + [FIGURES[k][0] for k in keys], rows,
                    note="pickup: a stage's output, from the engine core's timestamp to the orchestrator handling it; "
                         "drain: the orchestrator's output queue to the caller's event loop.")]
-    idle_rows = [[arm] + [_cell(data["idle_by_kind"][arm][k], 2) for k in KINDS + ("tree",)] for arm in arms]
+    idle_rows = [[arm] + [median_range(data["idle_by_kind"][arm][k], 2) for k in KINDS + ("tree",)] for arm in arms]
     parts.append(table("Idle CPU in the 3 s after the last request, percent of one core, by process kind",
                        ["arm", "caller (AsyncOmni, orchestrator)", "stage engine cores",
                         "stage workers (gloo apart)", "gloo loops", "other", "tree"], idle_rows))

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 
-from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, cmdline, descendants, fmt, median,
+from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, cmdline, descendants, fmt, median, median_range,
                                    percentile, process_tree_cpu_seconds, processes, pyplot, table)
 
 OUTPUT_TOKENS = 64
@@ -191,7 +191,7 @@ def _driver(args) -> int:
     return 0
 
 
-def _env(tp: int, arm: str, device: str = "cpu") -> dict:
+def arm_env(tp: int, arm: str, device: str = "cpu") -> dict:
     """The environment of a driver process of `arm` at tensor parallel size `tp`, on vLLM's CPU build (`device`
     "cpu") or on the simulated device ("sim": HOTLOOP_VLLM_SIM_DEVICE, its value kept if already set)."""
     sim = {"HOTLOOP_VLLM_SIM_DEVICE": os.environ.get("HOTLOOP_VLLM_SIM_DEVICE") or "1"} if device == "sim" else {}
@@ -210,7 +210,7 @@ class Driver:
     """The bench side of a driver process: start, send bursts, read results, stop."""
 
     def __init__(self, tp: int, arm: str, model: str, env_extra: dict | None = None):
-        env = {**_env(tp, arm), **(env_extra or {})}
+        env = {**arm_env(tp, arm), **(env_extra or {})}
         self.tp, self.arm = tp, arm
         self.log = open(os.devnull, "w") if not os.environ.get("HOTLOOP_BENCH_VERBOSE") else None
         self.proc = subprocess.Popen([sys.executable, "-m", "hotloop.bench.vllm_bench", "--driver", "--tp", str(tp),
@@ -427,7 +427,7 @@ def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: st
     """One fresh engine of `arm` through every shape, in a driver process: its figures."""
     p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm_bench", "--shapes-driver", "--tp", str(tp),
                         "--model", model, "--seed", str(seed), "--device", device] + ["--quick"] * quick,
-                       env=_env(tp, arm, device), stdout=subprocess.PIPE, stderr=None if os.environ.get(
+                       env=arm_env(tp, arm, device), stdout=subprocess.PIPE, stderr=None if os.environ.get(
                            "HOTLOOP_BENCH_VERBOSE") else subprocess.DEVNULL, text=True, timeout=1800,
                        start_new_session=True)
     if p.returncode != 0 or not p.stdout.strip():
@@ -451,10 +451,6 @@ def _check_queue_class(arm: str, found: list[str]) -> None:
 def _stats(xs: list[float]) -> dict:
     """median, min, max of one figure over the rounds."""
     return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
-
-
-def _cell(st: dict, digits: int) -> str:
-    return f"{fmt(st['median'], digits)} ({fmt(st['min'], digits)}-{fmt(st['max'], digits)})"
 
 
 FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": ("TTFT p50 ms", 1),
@@ -519,7 +515,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     if device == "sim":
         from hotloop.vllm.sim_device import requested
 
-        data["sim_device_us"] = requested() or _sim_spec()
+        data["sim_device_us"] = requested() or sim_spec()
     full = set(arms) >= set(arms_for(device))
     data["goals"] = (goals_sim(data, tps) if device == "sim" else goals(data, tps)) if full else []
     text = render(data, tps, quick)
@@ -559,7 +555,7 @@ def cpu_rows(data: dict, tps, last) -> list[list]:
     return rows
 
 
-def _sim_spec() -> tuple[float, float]:
+def sim_spec() -> tuple[float, float]:
     from hotloop.testing.device_clock import DEFAULT_BASE_US, DEFAULT_PER_TOKEN_US
 
     return DEFAULT_BASE_US, DEFAULT_PER_TOKEN_US
@@ -684,9 +680,9 @@ def render(data: dict, tps, quick: bool) -> Report:
         for tp in tps:
             per = data["tp"][tp][shape["name"]]
             for arm in arms:
-                rows.append([f"TP={tp} {arm}"] + [_cell(per[arm][k], FIGURES[k][1]) for k in keys])
+                rows.append([f"TP={tp} {arm}"] + [median_range(per[arm][k], FIGURES[k][1]) for k in keys])
             for arm in arms[1:]:
-                rows.append([f"TP={tp} {arm}/vLLM"] + [_cell(per[f"{arm}/vLLM"][k], 2) for k in keys])
+                rows.append([f"TP={tp} {arm}/vLLM"] + [median_range(per[f"{arm}/vLLM"][k], 2) for k in keys])
         how = "all at once" if shape["rate"] <= 0 else f"Poisson {shape['rate']:g} req/s"
         parts.append(table(
             f"vLLM {data['vllm_version']} AsyncLLM{_device_words(data)}, shape '{shape['name']}': {shape['n']} requests of "
@@ -702,7 +698,7 @@ def render(data: dict, tps, quick: bool) -> Report:
                        note="Stamps from CLOCK_MONOTONIC in each process (hotloop.vllm.timeline, every arm): front "
                             "end submit -> engine core input thread -> scheduler -> step broadcast -> worker read "
                             "-> step done -> response read -> outputs made -> first output at the front end."))
-    idle_rows = [[f"TP={tp} {arm}"] + [_cell(data["tp"][tp]["idle"][arm][k], 2) for k in IDLE_PARTS]
+    idle_rows = [[f"TP={tp} {arm}"] + [median_range(data["tp"][tp]["idle"][arm][k], 2) for k in IDLE_PARTS]
                  for tp in tps for arm in arms]
     parts.append(table("Idle CPU in the 3 s after the last burst, percent of one core (every thread's schedstat)",
                        ["TP / arm", "process tree", "gloo loops", "engine core + workers' main threads",

@@ -31,7 +31,7 @@ import time
 
 from hotloop.soak.chaos import Chaos
 from hotloop.soak.network_chaos import BOUND_SLACK_S, NetworkChaos
-from hotloop.soak.own_processes import (HANG_S, LOOPBACK, START_TIMEOUT_S, _creator_pid, _log, children_of,
+from hotloop.soak.own_processes import (HANG_S, LOOPBACK, START_TIMEOUT_S, creator_pid, log, children_of,
                                         descendants_of, open_fds, shm_entries)
 from hotloop.soak.queue_load import QueueGroup
 from hotloop.soak.report import Report
@@ -74,7 +74,7 @@ class Soak:
             g.start()
         loads = [asyncio.create_task(self.engine.run(stop), name="soak-engine"),
                  asyncio.create_task(self.orch.run(stop), name="soak-orchestrator")]
-        _log("starting: 2 queue groups" + ("" if self.nodes is None else f" on {len(self.nodes.remote) + 1} simulated "
+        log("starting: 2 queue groups" + ("" if self.nodes is None else f" on {len(self.nodes.remote) + 1} simulated "
                                                                           "nodes") +
              ", 1 engine, 1 orchestrator (2 LLM replicas + 1 transform)")
         t0 = time.monotonic()
@@ -82,13 +82,13 @@ class Soak:
             if time.monotonic() - t0 > START_TIMEOUT_S or any(t.done() for t in loads):
                 break
             await asyncio.sleep(0.2)  # start-up only
-        _log(f"running {self.minutes:g} min with chaos (started in {time.monotonic() - t0:.1f} s)")
+        log(f"running {self.minutes:g} min with chaos (started in {time.monotonic() - t0:.1f} s)")
         until = time.monotonic() + self.minutes * 60
         progress = asyncio.create_task(self._progress(until))
         await asyncio.gather(self.chaos.run(until), *([] if self.net_chaos is None else [self.net_chaos.run(until)]))
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
-        _log("chaos over: stopping the load; every outcome must arrive")
+        log("chaos over: stopping the load; every outcome must arrive")
         stop.set()
         for g in self.groups:
             g.stop()
@@ -121,7 +121,7 @@ class Soak:
         while True:
             await asyncio.sleep(10)
             e, o = self.engine.tally, self.orch.tally
-            _log(f"{max(0.0, until - time.monotonic()):.0f} s left: queue sent {sum(g.sent for g in self.groups)} "
+            log(f"{max(0.0, until - time.monotonic()):.0f} s left: queue sent {sum(g.sent for g in self.groups)} "
                  f"in {sum(g.generations for g in self.groups)} generations; engine {e.good_finished} ok, "
                  f"{sum(e.bad_rejected.values())} rejected; orchestrator {o.good_finished} ok; "
                  f"kills {len(self.report.kills)}; "
@@ -177,11 +177,11 @@ def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_
                 fd_names[fd] = os.readlink(f"/proc/self/fd/{fd}")
             except OSError:
                 pass
-        ours = {x for x in shm if _creator_pid(x) in soak.pids}
+        ours = {x for x in shm if creator_pid(x) in soak.pids}
         leaks = {"shm": sorted(ours), "shm_of_other_programs": sorted(shm - ours), "children": sorted(kids), "fds": fd_names,
                  "threads": [t.name for t in threads]}
         for fault in [] if soak.net_chaos is None else soak.net_chaos.faults:
-            fault.leaked_segments = sum(1 for x in ours if _creator_pid(x) in fault.pids)
+            fault.leaked_segments = sum(1 for x in ours if creator_pid(x) in fault.pids)
             fault.leaked_processes = len(kids & fault.pids)
         for pid in kids:  # report them, then do not leave them behind
             try:
@@ -202,5 +202,5 @@ def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_
     if json_path:
         with open(json_path, "w") as f:
             json.dump(rec, f, indent=2, default=str)
-        _log(f"wrote {json_path}")
+        log(f"wrote {json_path}")
     return 0 if rec["ok"] else 1

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from hotloop.soak.chaos import Kill, Target
 from hotloop.soak.network_chaos import PARTITION, NetFault
-from hotloop.soak.own_processes import CTX, HANG_S, LOOPBACK, START_TIMEOUT_S, _die_with_parent, send_signal
+from hotloop.soak.own_processes import CTX, HANG_S, LOOPBACK, START_TIMEOUT_S, die_with_parent, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.nodes import SoakNodes
@@ -71,7 +71,7 @@ def _writer_main(wid: int, gen: int, n_reader: int, n_local: int, max_chunk: int
     """One generation's writer: sends until told to stop (or a reader dies), then shuts the queue down and
     reports. After each enqueue that returned, the count of sent messages is in `counter_path` (it survives a
     SIGKILL of this process). After close(), ("closed", descriptors the queue left open)."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _on_node(netns)
     from hotloop import ClosedError, DeadPeerError, MessageQueue
@@ -120,7 +120,7 @@ def _writer_main(wid: int, gen: int, n_reader: int, n_local: int, max_chunk: int
 def _reader_main(handle, rank: int, wid: int, gen: int, conn, netns: str | None = None) -> None:
     """One reader: blocks in dequeue, checks every message, reports when the queue ends (closed / dead writer),
     then, after close(), the descriptors its queue left open."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _on_node(netns)
     from hotloop import ClosedError, DeadPeerError, MessageQueue
@@ -168,7 +168,7 @@ def _reader_main(handle, rank: int, wid: int, gen: int, conn, netns: str | None 
 def _proxy_main(netns: str, port: int, writer_ip: str, conn) -> None:
     """A proxied rank's delay proxy, on the rank's node: 127.0.0.1:port -> the writer's publisher, delay off
     until SIGUSR1 (hotloop.testing.delay_proxy); ends once its one connection ended."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _on_node(netns)
     import asyncio

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from hotloop.soak.own_processes import _log, percentiles
+from hotloop.soak.own_processes import log, percentiles
 
 if TYPE_CHECKING:
     from hotloop.soak.chaos import Chaos, Kill
@@ -40,7 +40,7 @@ class Report:
     def finding(self, area: str, what: str, zero: bool = False):
         self.findings.append({"area": area, "what": what, "t": time.monotonic()})
         if len([f for f in self.findings if f["what"] == what]) == 1:
-            _log(f"FINDING [{area}] {what}")
+            log(f"FINDING [{area}] {what}")
 
     def build(self, cfg: dict, groups: list[QueueGroup], engine: EngineLoad, orch: OrchestratorLoad, chaos: Chaos,
               leaks: dict, goal_s: float, fail_on_goal: bool, net: dict | None = None) -> dict:
