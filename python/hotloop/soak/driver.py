@@ -129,6 +129,39 @@ class Soak:
                  + f"findings {len(self.report.findings)}")
 
 
+def _collect_leaks(soak: Soak, me: int, shm0: set, kids0: set, fds0: set, threads0: set) -> dict:
+    """At the end of the run: what the soak left behind beyond the baselines taken before it (waiting up to 10 s
+    for processes and segments to go away), each network fault's share of it; kills the children left."""
+    deadline = time.monotonic() + 10
+    while True:  # end of run: processes exit and segments go away asynchronously
+        gc.collect()
+        kids = children_of(me) - kids0
+        shm = shm_entries() - shm0
+        fds = open_fds() - fds0
+        threads = [t for t in threading.enumerate() if t not in threads0 and t.is_alive()]
+        if not (kids or shm or fds or threads) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    fd_names = {}
+    for fd in fds:
+        try:
+            fd_names[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    ours = {x for x in shm if creator_pid(x) in soak.pids}
+    leaks = {"shm": sorted(ours), "shm_of_other_programs": sorted(shm - ours), "children": sorted(kids), "fds": fd_names,
+             "threads": [t.name for t in threads]}
+    for fault in [] if soak.net_chaos is None else soak.net_chaos.faults:
+        fault.leaked_segments = sum(1 for x in ours if creator_pid(x) in fault.pids)
+        fault.leaked_processes = len(kids & fault.pids)
+    for pid in kids:  # report them, then do not leave them behind
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return leaks
+
+
 def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_s: float = 1.0,
         fail_on_goal: bool = True, network: bool = False, network_interval_s: float = 8.0) -> int:
     """Run the soak; print the table on stdout; return the exit code (0: every must-be-0 row is 0 and the goal).
@@ -161,33 +194,7 @@ def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_
         asyncio.run(soak.run())
     finally:
         soak.close()
-        deadline = time.monotonic() + 10
-        while True:  # end of run: processes exit and segments go away asynchronously
-            gc.collect()
-            kids = children_of(me) - kids0
-            shm = shm_entries() - shm0
-            fds = open_fds() - fds0
-            threads = [t for t in threading.enumerate() if t not in threads0 and t.is_alive()]
-            if not (kids or shm or fds or threads) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        fd_names = {}
-        for fd in fds:
-            try:
-                fd_names[fd] = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                pass
-        ours = {x for x in shm if creator_pid(x) in soak.pids}
-        leaks = {"shm": sorted(ours), "shm_of_other_programs": sorted(shm - ours), "children": sorted(kids), "fds": fd_names,
-                 "threads": [t.name for t in threads]}
-        for fault in [] if soak.net_chaos is None else soak.net_chaos.faults:
-            fault.leaked_segments = sum(1 for x in ours if creator_pid(x) in fault.pids)
-            fault.leaked_processes = len(kids & fault.pids)
-        for pid in kids:  # report them, then do not leave them behind
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        leaks = _collect_leaks(soak, me, shm0, kids0, fds0, threads0)
         shutil.rmtree(workdir, ignore_errors=True)
         sys.stdout.flush()
         os.dup2(saved_stdout, 1)
