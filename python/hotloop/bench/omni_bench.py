@@ -151,14 +151,38 @@ def _stamp_hops(pickups: list, drains: list) -> None:
         setattr(cls, name, wrap())
 
 
+def _sampling_params(tokens: int) -> list:
+    """Both stages' sampling parameters: greedy, `tokens` tokens each; the last stage streams deltas."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return [SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True,
+                           output_kind=RequestOutputKind.FINAL_ONLY),
+            SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True,
+                           output_kind=RequestOutputKind.DELTA)]
+
+
+async def _one_request(engine, prompt, rid, tokens: int) -> dict:
+    """One request through the pipeline: time to its first output and to its end, its token ids, its outputs."""
+    t0 = time.monotonic_ns()
+    first = last = None
+    ids, n_out = [], 0
+    async for out in engine.generate({"prompt": prompt}, request_id=rid, sampling_params_list=_sampling_params(tokens)):
+        now = time.monotonic_ns()
+        first = first or now
+        last = now
+        ro = getattr(out, "request_output", None) or out
+        for c in getattr(ro, "outputs", None) or []:
+            ids.extend(c.token_ids)
+        n_out += 1
+    return {"ttfo_ms": (first - t0) / 1e6, "e2e_ms": (last - t0) / 1e6, "ids": ids, "outputs": n_out}
+
+
 def _driver(args) -> int:
     import asyncio
 
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM and vllm-omni log to stdout: keep the protocol channel clean
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
     from hotloop.vllm import omni, tiny_model
 
     pickups, drains = [], []
@@ -170,36 +194,16 @@ def _driver(args) -> int:
     deploy = omni.write_deploy_yaml(os.path.join(tmp, "deploy.yaml"), pipeline, 2)
     prompts = tiny_model.prompts(args.requests + 3, seed=args.seed)
 
-    def params():
-        return [SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True,
-                               output_kind=RequestOutputKind.FINAL_ONLY),
-                SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True,
-                               output_kind=RequestOutputKind.DELTA)]
-
-    async def one(engine, prompt, rid):
-        t0 = time.monotonic_ns()
-        first = last = None
-        ids, n_out = [], 0
-        async for out in engine.generate({"prompt": prompt}, request_id=rid, sampling_params_list=params()):
-            now = time.monotonic_ns()
-            first = first or now
-            last = now
-            ro = getattr(out, "request_output", None) or out
-            for c in getattr(ro, "outputs", None) or []:
-                ids.extend(c.token_ids)
-            n_out += 1
-        return {"ttfo_ms": (first - t0) / 1e6, "e2e_ms": (last - t0) / 1e6, "ids": ids, "outputs": n_out}
-
     async def main():
         engine = AsyncOmni(model=args.model, deploy_config=deploy)
         try:
             for i in range(3):
-                await one(engine, prompts[i], f"warm{i}")
+                await _one_request(engine, prompts[i], f"warm{i}", args.tokens)
             pickups.clear()
             drains.clear()
             root = os.getpid()
             c0 = tree_seconds(root)
-            res = [await one(engine, p, f"r{i}") for i, p in enumerate(prompts[3:])]
+            res = [await _one_request(engine, p, f"r{i}", args.tokens) for i, p in enumerate(prompts[3:])]
             c1 = tree_seconds(root)
             tokens = len(res) * args.tokens * 2
             t_idle = time.monotonic()
