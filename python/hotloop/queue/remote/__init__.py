@@ -19,7 +19,7 @@ Contract:
   once and looks once for the message behind it before returning (the receive and one ZMQ_EVENTS read, each of
   which may be a poll() inside ZeroMQ); the look stays before the return, not deferred to the next operation
   behind a signalled eventfd: deferred, the writer's next send in the same thread measured slower (a 64 B round
-  trip 79-80 us against 66-69 us, ``benchmarks/python/remote_round_trip.py --hops``).
+  trip 79-80 us against 66-69 us, ``python -m hotloop.bench.remote_round_trip --hops``).
 - Every connection is authenticated and encrypted with CurveZMQ (``docs/security.md``): the writer holds a
   server key pair and one client key pair per remote rank, all fresh per queue; the handle carries the server's
   public key and each rank's client pair, so only a process given the handle can connect. A ZAP handler admits

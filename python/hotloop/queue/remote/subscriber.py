@@ -28,7 +28,7 @@ class RemoteSubscriber:
     # A network reader's default wait: park at once, no spin. Its messages come through ZeroMQ's I/O thread in
     # this process, which needs a CPU to receive and decrypt them; a spinning reader competes with it (64 B round
     # trip between two processes over TCP loopback on a shared 2-core machine, same run: 69 us parked, 99 us
-    # spinning 20 us first; benchmarks/python/remote_round_trip.py, 4 repetitions, twice: p50 69 us parked,
+    # spinning 20 us first; hotloop.bench.remote_round_trip, 4 repetitions, twice: p50 69 us parked,
     # 135-144 us spinning 30 us first), and spinning on a descriptor is a poll() system call per check anyway. A
     # policy passed to MessageQueue.create_from_handle replaces it.
     DEFAULT_POLICY = WaitPolicy(spin_us=0, yield_us=0)

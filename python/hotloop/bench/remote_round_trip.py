@@ -3,7 +3,7 @@
 CURVE (the baselines: what the transport costs, and what its encryption costs), in one run.
 ``hotloop bench queue`` runs the same comparison over alternating runs (its table (r)).
 
-    python benchmarks/python/remote_round_trip.py [rounds] [--reps N] [--hops]
+    python -m hotloop.bench.remote_round_trip [rounds] [--reps N] [--hops]
 
 Method: one process sends 64 B and waits for the echo from a second process (spawned), `rounds` times after
 rounds/10 of warm-up; per configuration the median (p50) and p99 of those round trips. A repetition runs every
