@@ -241,9 +241,9 @@ def test_queue_ends_opened_right_after_others_closed_can_monitor_their_sockets()
 def test_a_child_forked_while_another_thread_holds_the_process_zeromq_lock_opens_remote_queues():
     """The lock around the process's ZeroMQ context is made afresh in a forked child (a thread of the parent
     may hold it at the fork; the child has no such thread)."""
-    from hotloop.queue.remote import _ProcessZmq
+    from hotloop.queue.remote.context import ProcessZmq
 
-    with _ProcessZmq._lock:
+    with ProcessZmq._lock:
         pid = os.fork()
         if pid == 0:
             signal.alarm(20)  # a hang ends the child with SIGALRM
@@ -259,9 +259,9 @@ def test_a_child_forked_while_another_thread_holds_the_process_zeromq_lock_opens
 def test_the_zap_handler_survives_a_key_forgotten_between_its_two_questions():
     """The writer may close between pyzmq's credentials callback and its user-id question: the handler answers a
     rank that matches nothing instead of raising (which would end the thread that serves every queue)."""
-    from hotloop.queue.remote import _ProcessZmq
+    from hotloop.queue.remote.context import ProcessZmq
 
-    zmq_ = _ProcessZmq.acquire()
+    zmq_ = ProcessZmq.acquire()
     try:
         q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
         zap = zmq_.zap

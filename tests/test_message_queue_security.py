@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from hotloop import DeadPeerError, MessageQueue, QueueTimeout
-from hotloop.queue.remote import _rank_topic
+from hotloop.queue.remote.wire import rank_topic
 
 CTX = mp.get_context("fork")
 LOOPBACK = "127.0.0.1"
@@ -65,7 +65,7 @@ def test_strangers_are_refused_and_never_count_as_a_reader(zctx, stranger):
             sock.curve_serverkey = server_key
             sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
         sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.setsockopt(zmq.SUBSCRIBE, _rank_topic(0))  # claims rank 0, the only reader
+        sock.setsockopt(zmq.SUBSCRIBE, rank_topic(0))  # claims rank 0, the only reader
         sock.connect(h.remote_address)
         _wait_for(lambda: q.network_stats["rejected_peers"] >= 1)
         with pytest.raises(QueueTimeout, match="0 of 1 remote"):
@@ -109,7 +109,7 @@ def test_queues_of_one_process_admit_only_their_own_readers_keys(zctx):
     sock.curve_serverkey = hb.remote_server_key
     sock.curve_publickey, sock.curve_secretkey = ha.remote_client_keys[0]  # A's rank-0 keys at B's address
     sock.setsockopt(zmq.SUBSCRIBE, b"")
-    sock.setsockopt(zmq.SUBSCRIBE, _rank_topic(0))
+    sock.setsockopt(zmq.SUBSCRIBE, rank_topic(0))
     sock.connect(hb.remote_address)
     _wait_for(lambda: b.network_stats["rejected_peers"] >= 1)
     with pytest.raises(QueueTimeout, match="0 of 1 remote"):
@@ -145,10 +145,10 @@ def test_an_authenticated_peer_cannot_forge_another_ranks_leave_or_break_enqueue
         h = q.export_handle()
         reader1 = MessageQueue.create_from_handle(h, 0)
         peer = _authenticated_raw_peer(zctx, h, 1)
-        peer.send(b"\x01" + _rank_topic(1))  # rank 1 attaches properly
+        peer.send(b"\x01" + rank_topic(1))  # rank 1 attaches properly
         q.wait_until_ready(timeout=10)
-        for frame in (b"\x01" + _rank_topic(0),  # forged second attach of rank 0
-                      b"\x00" + _rank_topic(0),  # forged leave of rank 0 (XSUB sends only a subscribed topic's)
+        for frame in (b"\x01" + rank_topic(0),  # forged second attach of rank 0
+                      b"\x00" + rank_topic(0),  # forged leave of rank 0 (XSUB sends only a subscribed topic's)
                       b"", b"\x07junk", b"\x01\x01hotloop-rank-99"):
             peer.send(frame)
         _wait_for(lambda: q.network_stats["ignored_frames"] >= 5)

@@ -3,7 +3,7 @@ its own (network namespaces joined by veth links, hotloop.testing.netns.Nodes), 
 drop-all rule (a partition: no FIN, no RST), and put back.
 
 The bound is hotloop's: a peer unreachable for HOTLOOP_PEER_TIMEOUT_S (default 3 s) loses its connection, by TCP
-keepalive on an idle connection and TCP_USER_TIMEOUT on one with data in flight (hotloop.queue.remote._keepalive). The
+keepalive on an idle connection and TCP_USER_TIMEOUT on one with data in flight (hotloop.queue.remote.sockets.keepalive). The
 tests allow BOUND_S for it on a loaded 2-core machine; `hotloop soak --network` and docs/multi-node.md give the
 measured figures."""
 

@@ -42,10 +42,10 @@ print("core ok")
 
 
 def test_the_process_layer_stands_without_the_engine():
-    """hotloop.process is below the engine: it imports neither the engine nor torch."""
+    """hotloop.stage_process is below the engine: it imports neither the engine nor torch."""
     out = _child('''
-import hotloop.process.stage, hotloop.process.lifecycle
-from hotloop.process.messages import AbortRequest, ShutdownRequest, StageMessage, encoder
+import hotloop.stage_process.stage, hotloop.stage_process.lifecycle
+from hotloop.stage_process.messages import AbortRequest, ShutdownRequest, StageMessage, encoder
 import msgspec
 decoder = msgspec.msgpack.Decoder(StageMessage)
 assert decoder.decode(encoder.encode(AbortRequest(["r-1"]))) == AbortRequest(["r-1"])

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from hotloop.bench.report import Progress, Report, fmt, median, percentile, table
+from hotloop.bench.report import Progress, Report, median, median_range, percentile, table
 
 ARMS = ("event", "event+hotloop", "legacy")
 BASELINE = "event"
@@ -151,14 +151,38 @@ def _stamp_hops(pickups: list, drains: list) -> None:
         setattr(cls, name, wrap())
 
 
+def _sampling_params(tokens: int) -> list:
+    """Both stages' sampling parameters: greedy, `tokens` tokens each; the last stage streams deltas."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return [SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True,
+                           output_kind=RequestOutputKind.FINAL_ONLY),
+            SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True,
+                           output_kind=RequestOutputKind.DELTA)]
+
+
+async def _one_request(engine, prompt, rid, tokens: int) -> dict:
+    """One request through the pipeline: time to its first output and to its end, its token ids, its outputs."""
+    t0 = time.monotonic_ns()
+    first = last = None
+    ids, n_out = [], 0
+    async for out in engine.generate({"prompt": prompt}, request_id=rid, sampling_params_list=_sampling_params(tokens)):
+        now = time.monotonic_ns()
+        first = first or now
+        last = now
+        ro = getattr(out, "request_output", None) or out
+        for c in getattr(ro, "outputs", None) or []:
+            ids.extend(c.token_ids)
+        n_out += 1
+    return {"ttfo_ms": (first - t0) / 1e6, "e2e_ms": (last - t0) / 1e6, "ids": ids, "outputs": n_out}
+
+
 def _driver(args) -> int:
     import asyncio
 
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM and vllm-omni log to stdout: keep the protocol channel clean
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
     from hotloop.vllm import omni, tiny_model
 
     pickups, drains = [], []
@@ -170,36 +194,16 @@ def _driver(args) -> int:
     deploy = omni.write_deploy_yaml(os.path.join(tmp, "deploy.yaml"), pipeline, 2)
     prompts = tiny_model.prompts(args.requests + 3, seed=args.seed)
 
-    def params():
-        return [SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True,
-                               output_kind=RequestOutputKind.FINAL_ONLY),
-                SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True,
-                               output_kind=RequestOutputKind.DELTA)]
-
-    async def one(engine, prompt, rid):
-        t0 = time.monotonic_ns()
-        first = last = None
-        ids, n_out = [], 0
-        async for out in engine.generate({"prompt": prompt}, request_id=rid, sampling_params_list=params()):
-            now = time.monotonic_ns()
-            first = first or now
-            last = now
-            ro = getattr(out, "request_output", None) or out
-            for c in getattr(ro, "outputs", None) or []:
-                ids.extend(c.token_ids)
-            n_out += 1
-        return {"ttfo_ms": (first - t0) / 1e6, "e2e_ms": (last - t0) / 1e6, "ids": ids, "outputs": n_out}
-
     async def main():
         engine = AsyncOmni(model=args.model, deploy_config=deploy)
         try:
             for i in range(3):
-                await one(engine, prompts[i], f"warm{i}")
+                await _one_request(engine, prompts[i], f"warm{i}", args.tokens)
             pickups.clear()
             drains.clear()
             root = os.getpid()
             c0 = tree_seconds(root)
-            res = [await one(engine, p, f"r{i}") for i, p in enumerate(prompts[3:])]
+            res = [await _one_request(engine, p, f"r{i}", args.tokens) for i, p in enumerate(prompts[3:])]
             c1 = tree_seconds(root)
             tokens = len(res) * args.tokens * 2
             t_idle = time.monotonic()
@@ -262,10 +266,6 @@ def check_arm(arm: str, res: dict) -> str:
 
 def _stats(xs):
     return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
-
-
-def _cell(st, digits):
-    return f"{fmt(st['median'], digits)} ({fmt(st['min'], digits)}-{fmt(st['max'], digits)})"
 
 
 FIGURES = {"ttfo_p50_ms": ("first output p50 ms", 1), "ttfo_p99_ms": ("first output p99 ms", 1),
@@ -360,14 +360,14 @@ def goals(data: dict) -> list[dict]:
 def render(data: dict, arms) -> Report:
     n = data["rounds"]
     keys = list(FIGURES)
-    rows = [[arm] + [_cell(data["per_arm"][arm][k], FIGURES[k][1]) for k in keys] for arm in arms]
-    rows += [[f"{arm}/{BASELINE}"] + [_cell(data["ratio"][arm][k], 2) for k in keys] for arm in data["ratio"]]
+    rows = [[arm] + [median_range(data["per_arm"][arm][k], FIGURES[k][1]) for k in keys] for arm in arms]
+    rows += [[f"{arm}/{BASELINE}"] + [median_range(data["ratio"][arm][k], 2) for k in keys] for arm in data["ratio"]]
     parts = [table(f"vllm-omni {data['vllm_omni_version']} (vLLM {data['vllm_version']}) AsyncOmni, two text stages: "
                    f"{data['requests']} sequential requests, {data['tokens_per_stage']} greedy tokens per stage; "
                    f"median (min-max) over {n} round{'s' * (n > 1)}", ["arm"] + [FIGURES[k][0] for k in keys], rows,
                    note="pickup: a stage's output, from the engine core's timestamp to the orchestrator handling it; "
                         "drain: the orchestrator's output queue to the caller's event loop.")]
-    idle_rows = [[arm] + [_cell(data["idle_by_kind"][arm][k], 2) for k in KINDS + ("tree",)] for arm in arms]
+    idle_rows = [[arm] + [median_range(data["idle_by_kind"][arm][k], 2) for k in KINDS + ("tree",)] for arm in arms]
     parts.append(table("Idle CPU in the 3 s after the last request, percent of one core, by process kind",
                        ["arm", "caller (AsyncOmni, orchestrator)", "stage engine cores",
                         "stage workers (gloo apart)", "gloo loops", "other", "tree"], idle_rows))

@@ -672,15 +672,9 @@ def _ratio(x, floor):
     return x / floor if floor else float("nan")
 
 
-def run(quick: bool = False, runs: int = 5):
-    rounds, warmup = (1000, 100) if quick else (10000, 1000)
-    remote_rounds = 300 if quick else 3000
-    n_through = 20_000 if quick else 200_000
-    big = (64 if quick else 256) << 20
-    idle_s = 1.0 if quick else 5.0
-    peers, remote = _peers(), _remote_peers()
-    progress = Progress("bench queue", runs * (3 * len(peers) + len(remote)) + 2 + len(PERIODS) * len(POLICIES)
-                        + runs * (2 * len(relay_bench.KS) + len(relay_bench.RT_ARMS)))
+def _alternating_runs(peers, remote, runs, rounds, warmup, remote_rounds, n_through, progress):
+    """Tables (a), (b) and (r)'s measurements, every peer once per run; (round trips, throughputs, remote round
+    trips), each the medians over the runs."""
     rt_runs = {(p.name, size): [] for p in peers for size in (SMALL, LARGE)}
     thr_runs = {p.name: [] for p in peers}
     remote_runs = {p.name: [] for p in remote}
@@ -697,14 +691,11 @@ def run(quick: bool = False, runs: int = 5):
     rt = {k: _medians(v) for k, v in rt_runs.items()}
     thr = {k: _medians(v) for k, v in thr_runs.items()}
     rem = {k: _medians(v) for k, v in remote_runs.items()}
-    progress.step("large message")
-    bigr = _big_message(big)
-    progress.step("idle reader")
-    idle_pct = _idle(idle_s)
-    per, periodic_table = periodic(quick, 1, progress)
-    relay_data, relay_tables = relay_bench.run(quick, runs, progress)
-    progress.close()
+    return rt, thr, rem
 
+
+def _round_trip_table(peers, rt, runs, rounds, warmup):
+    """Table (a): each peer's round trip next to its floor's."""
     rows = []
     for peer in peers:
         sm, lg, fl = rt[(peer.name, SMALL)], rt[(peer.name, LARGE)], peer.floor
@@ -717,8 +708,7 @@ def run(quick: bool = False, runs: int = 5):
                                      ("faster-fifo (pip install hotloop[bench])", _installed("faster_fifo")),
                                      ("pyzmq", _installed("zmq"))) if not ok]
     method = (f"median of {runs} alternating runs; each run: {rounds} round trips after {warmup} warm-up")
-    text = Report()
-    text.append(table(
+    return table(
         f"(a) round trip between two processes, us ({method}); each row next to its floor, same run",
         ["transport", "64B p50", "p99", "p99.9", "64KiB p50", "p99", "floor", "64B p50 / floor", "p99 / floor",
          "64KiB p50 / floor"],
@@ -727,17 +717,25 @@ def run(quick: bool = False, runs: int = 5):
         "and p99 <= 3x the bytes path. 'bytes path + pickle.dumps/loads' pickles around enqueue_bytes/dequeue_bytes "
         "in Python: what pickle itself adds, the object path's own floor." +
         (f" Not measured: {', '.join(missing)}." if missing else ""), key="round_trip_us",
-    ))
+    )
+
+
+def _throughput_table(peers, thr, runs, n_through):
+    """Table (b): each peer's one-way throughput next to its floor's."""
     trows = []
     for peer in peers:
         rate, fl = thr[peer.name]["msgs_per_s"], peer.floor
         trows.append([peer.name, rate / 1e6, fl or "(a floor)",
                       fmt(_ratio(rate, thr[fl]["msgs_per_s"]), 2) if fl else "-"])
-    text.append(table(
+    return table(
         f"(b) one-way throughput of 64 B messages ({n_through} messages; median of {runs} alternating runs)",
         ["transport", "M msg/s", "floor", "rate / floor"], trows,
         note="Goals: objects >= 0.6x the bytes path; bytes path >= 0.9x the spin ring. 'bytes path + "
-        "pickle.dumps/loads': the object path's own floor (see (a)).", key="throughput_msgs_per_s"))
+        "pickle.dumps/loads': the object path's own floor (see (a)).", key="throughput_msgs_per_s")
+
+
+def _remote_table(remote, rem, runs, remote_rounds):
+    """Table (r): each remote transport's round trip against plain and CURVE PUB/SUB."""
     plain, curve = rem[_PubSub.name], rem[_PubSubCurve.name]
     rrows = []
     for peer in remote:
@@ -745,14 +743,38 @@ def run(quick: bool = False, runs: int = 5):
         rrows.append([peer.name, "yes" if peer in (_PubSubCurve, _HotloopRemote) else "no", r["p50_us"],
                       r["p99_us"], r["p99.9_us"], fmt(_ratio(r["p50_us"], plain["p50_us"]), 2),
                       fmt(_ratio(r["p50_us"], curve["p50_us"]), 2)])
-    text.append(table(
+    return table(
         f"(r) remote: 64 B round trip over TCP loopback, us (median of {runs} alternating runs of {remote_rounds} "
         "round trips)",
         ["transport", "CURVE", "p50", "p99", "p99.9", "p50 / PUB/SUB no CURVE", "p50 / PUB/SUB CURVE"], rrows,
         note="hotloop: enqueue_bytes/dequeue_bytes, a remote reader on each side (authenticated CurveZMQ, "
         "no-drop backpressure, liveness). Goals: p50 <= 1.3x plain PUB/SUB and <= 1.1x CURVE PUB/SUB; the CURVE "
         "column says what encryption costs by itself, the last ratio what hotloop adds beyond it.",
-        key="remote_round_trip_us"))
+        key="remote_round_trip_us")
+
+
+def run(quick: bool = False, runs: int = 5):
+    rounds, warmup = (1000, 100) if quick else (10000, 1000)
+    remote_rounds = 300 if quick else 3000
+    n_through = 20_000 if quick else 200_000
+    big = (64 if quick else 256) << 20
+    idle_s = 1.0 if quick else 5.0
+    peers, remote = _peers(), _remote_peers()
+    progress = Progress("bench queue", runs * (3 * len(peers) + len(remote)) + 2 + len(PERIODS) * len(POLICIES)
+                        + runs * (2 * len(relay_bench.KS) + len(relay_bench.RT_ARMS)))
+    rt, thr, rem = _alternating_runs(peers, remote, runs, rounds, warmup, remote_rounds, n_through, progress)
+    progress.step("large message")
+    bigr = _big_message(big)
+    progress.step("idle reader")
+    idle_pct = _idle(idle_s)
+    per, periodic_table = periodic(quick, 1, progress)
+    relay_data, relay_tables = relay_bench.run(quick, runs, progress)
+    progress.close()
+
+    text = Report()
+    text.append(_round_trip_table(peers, rt, runs, rounds, warmup))
+    text.append(_throughput_table(peers, thr, runs, n_through))
+    text.append(_remote_table(remote, rem, runs, remote_rounds))
     text.append(table(
         f"(c) a {bigr['bytes'] >> 20} MiB {bigr['kind']} through the queue, 5 times",
         ["first GB/s", "then (median) GB/s", "memcpy GB/s", "% of memcpy"],

@@ -94,6 +94,11 @@ class Table(str):
         return self
 
 
+def median_range(st: dict, digits: int) -> str:
+    """A table cell from a summary of rounds: "median (min-max)"."""
+    return f"{fmt(st['median'], digits)} ({fmt(st['min'], digits)}-{fmt(st['max'], digits)})"
+
+
 def table(title: str, headers: list[str], rows: list[list], note: str = "", key: str = "") -> Table:
     return Table(title, headers, rows, note, key)
 

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 
-from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, cmdline, descendants, fmt, median,
+from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, cmdline, descendants, fmt, median, median_range,
                                    percentile, process_tree_cpu_seconds, processes, pyplot, table)
 
 OUTPUT_TOKENS = 64
@@ -191,7 +191,7 @@ def _driver(args) -> int:
     return 0
 
 
-def _env(tp: int, arm: str, device: str = "cpu") -> dict:
+def arm_env(tp: int, arm: str, device: str = "cpu") -> dict:
     """The environment of a driver process of `arm` at tensor parallel size `tp`, on vLLM's CPU build (`device`
     "cpu") or on the simulated device ("sim": HOTLOOP_VLLM_SIM_DEVICE, its value kept if already set)."""
     sim = {"HOTLOOP_VLLM_SIM_DEVICE": os.environ.get("HOTLOOP_VLLM_SIM_DEVICE") or "1"} if device == "sim" else {}
@@ -210,7 +210,7 @@ class Driver:
     """The bench side of a driver process: start, send bursts, read results, stop."""
 
     def __init__(self, tp: int, arm: str, model: str, env_extra: dict | None = None):
-        env = {**_env(tp, arm), **(env_extra or {})}
+        env = {**arm_env(tp, arm), **(env_extra or {})}
         self.tp, self.arm = tp, arm
         self.log = open(os.devnull, "w") if not os.environ.get("HOTLOOP_BENCH_VERBOSE") else None
         self.proc = subprocess.Popen([sys.executable, "-m", "hotloop.bench.vllm_bench", "--driver", "--tp", str(tp),
@@ -327,6 +327,67 @@ def _prompt_ids(n: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(4, CONFIG["vocab_size"]) for _ in range(length)] for _ in range(n)]
 
 
+async def _one_request(engine, prompt, params, rid, at, t_start):
+    """One request of a shape, sent `at` s after `t_start`: its submit, first and last token times, the gaps
+    between tokens, its token ids."""
+    import asyncio
+
+    from vllm.inputs import TokensPrompt
+
+    await asyncio.sleep(max(0.0, t_start + at - time.monotonic()))
+    submitted, first, last, gaps, ids = time.monotonic_ns(), None, None, [], []
+    async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=rid):
+        now = time.monotonic_ns()
+        if first is None:
+            first = now
+        else:
+            gaps.append((now - last) / 1e6)
+        last, ids = now, out.outputs[0].token_ids
+    return {"rid": rid, "submitted": submitted, "first": first, "done": last, "gaps": gaps, "ids": list(ids)}
+
+
+async def _run_shape(engine, shape: Shape, seed: int) -> dict:
+    """Every request of one shape through the engine: its figures, its CPU by process, its hops."""
+    import asyncio
+
+    from vllm import SamplingParams
+
+    from hotloop.vllm import timeline
+
+    params = SamplingParams(temperature=0.0, max_tokens=shape.output_tokens, ignore_eos=True)
+    prompts = _prompt_ids(shape.n, shape.prompt_tokens, seed)
+    await engine.engine_core.call_utility_async("hotloop_timeline")  # forget what came before
+    await engine.collective_rpc("hotloop_timeline")
+    c0, t_start = process_tree_cpu_seconds(os.getpid()), time.monotonic()
+    k0 = cpu_by_process(os.getpid())
+    res = await asyncio.gather(*(_one_request(engine, p, params, f"{shape.name}{i}", at, t_start)
+                                 for i, (p, at) in enumerate(zip(prompts, shape.arrivals(seed)))))
+    span = time.monotonic() - t_start
+    cpu = process_tree_cpu_seconds(os.getpid()) - c0
+    k1 = cpu_by_process(os.getpid())
+    cpu_pct = {k: 100.0 * (k1[k] - k0.get(k, 0.0)) / span for k in k1}
+    cpu_pct["engine_core+workers"] = sum(v for k, v in cpu_pct.items() if k == "engine_core" or
+                                         k.startswith("worker"))
+    core = await engine.engine_core.call_utility_async("hotloop_timeline")
+    worker = (await engine.collective_rpc("hotloop_timeline"))[0]
+    wall = (max(r["done"] for r in res) - min(r["submitted"] for r in res)) / 1e9
+    tokens = sum(len(r["ids"]) for r in res)
+    ttft = [(r["first"] - r["submitted"]) / 1e6 for r in res]
+    itl = [g for r in res for g in r["gaps"]]
+    waits = [(v[1] - v[0]) / 1e3 for v in core["requests"].values()]
+    handoffs = [(v[1] - v[3]) / 1e3 for v in core["requests"].values()]
+    hops = timeline.hops({r["rid"]: [r["submitted"], r["first"]] for r in res}, core, worker)
+    return {"tok_per_s": tokens / wall, "req_per_s": len(res) / wall, "cpu_s_per_1k_tok": 1000 * cpu / tokens,
+            "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+            "itl_p50_ms": percentile(itl, 50), "itl_p99_ms": percentile(itl, 99),
+            "queue_wait_p50_us": percentile(waits, 50), "queue_wait_p99_us": percentile(waits, 99),
+            "handoff_p50_us": percentile(handoffs, 50),
+            "waits_during_step": sum(v[2] for v in core["requests"].values()),
+            "hops_ms": {h: median(v) for h, v in hops.items()}, "hops_n": len(hops["time to first token"]),
+            "cpu_pct": cpu_pct, "host_cpu_pct": cpu_pct["engine_core+workers"],
+            "ttft_ms": ttft, "itl_ms": itl, "token_ids": [r["ids"] for r in res]}
+
+
 def _shapes_driver(args) -> int:
     """One AsyncLLM engine of one arm: every shape in turn, then its idle CPU; one JSON line on stdout."""
     import asyncio
@@ -335,56 +396,7 @@ def _shapes_driver(args) -> int:
     os.dup2(2, 1)  # vLLM logs to stdout: keep the protocol channel clean
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.inputs import TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
-
-    from hotloop.vllm import timeline
-
-    async def one(engine, prompt, params, rid, at, t_start):
-        await asyncio.sleep(max(0.0, t_start + at - time.monotonic()))
-        submitted, first, last, gaps, ids = time.monotonic_ns(), None, None, [], []
-        async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=rid):
-            now = time.monotonic_ns()
-            if first is None:
-                first = now
-            else:
-                gaps.append((now - last) / 1e6)
-            last, ids = now, out.outputs[0].token_ids
-        return {"rid": rid, "submitted": submitted, "first": first, "done": last, "gaps": gaps, "ids": list(ids)}
-
-    async def run_shape(engine, shape: Shape, seed: int) -> dict:
-        params = SamplingParams(temperature=0.0, max_tokens=shape.output_tokens, ignore_eos=True)
-        prompts = _prompt_ids(shape.n, shape.prompt_tokens, seed)
-        await engine.engine_core.call_utility_async("hotloop_timeline")  # forget what came before
-        await engine.collective_rpc("hotloop_timeline")
-        c0, t_start = process_tree_cpu_seconds(os.getpid()), time.monotonic()
-        k0 = cpu_by_process(os.getpid())
-        res = await asyncio.gather(*(one(engine, p, params, f"{shape.name}{i}", at, t_start)
-                                     for i, (p, at) in enumerate(zip(prompts, shape.arrivals(seed)))))
-        span = time.monotonic() - t_start
-        cpu = process_tree_cpu_seconds(os.getpid()) - c0
-        k1 = cpu_by_process(os.getpid())
-        cpu_pct = {k: 100.0 * (k1[k] - k0.get(k, 0.0)) / span for k in k1}
-        cpu_pct["engine_core+workers"] = sum(v for k, v in cpu_pct.items() if k == "engine_core" or
-                                             k.startswith("worker"))
-        core = await engine.engine_core.call_utility_async("hotloop_timeline")
-        worker = (await engine.collective_rpc("hotloop_timeline"))[0]
-        wall = (max(r["done"] for r in res) - min(r["submitted"] for r in res)) / 1e9
-        tokens = sum(len(r["ids"]) for r in res)
-        ttft = [(r["first"] - r["submitted"]) / 1e6 for r in res]
-        itl = [g for r in res for g in r["gaps"]]
-        waits = [(v[1] - v[0]) / 1e3 for v in core["requests"].values()]
-        handoffs = [(v[1] - v[3]) / 1e3 for v in core["requests"].values()]
-        hops = timeline.hops({r["rid"]: [r["submitted"], r["first"]] for r in res}, core, worker)
-        return {"tok_per_s": tokens / wall, "req_per_s": len(res) / wall, "cpu_s_per_1k_tok": 1000 * cpu / tokens,
-                "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
-                "itl_p50_ms": percentile(itl, 50), "itl_p99_ms": percentile(itl, 99),
-                "queue_wait_p50_us": percentile(waits, 50), "queue_wait_p99_us": percentile(waits, 99),
-                "handoff_p50_us": percentile(handoffs, 50),
-                "waits_during_step": sum(v[2] for v in core["requests"].values()),
-                "hops_ms": {h: median(v) for h, v in hops.items()}, "hops_n": len(hops["time to first token"]),
-                "cpu_pct": cpu_pct, "host_cpu_pct": cpu_pct["engine_core+workers"],
-                "ttft_ms": ttft, "itl_ms": itl, "token_ids": [r["ids"] for r in res]}
 
     async def main():
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
@@ -394,11 +406,11 @@ def _shapes_driver(args) -> int:
             queue_class = sorted(set(await engine.collective_rpc(_check_worker_queue)))
             sim_device = await engine.collective_rpc(_check_sim_device)
             warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-            await asyncio.gather(*(one(engine, p, warm, f"warm{i}", 0.0, time.monotonic())
+            await asyncio.gather(*(_one_request(engine, p, warm, f"warm{i}", 0.0, time.monotonic())
                                    for i, p in enumerate(_prompt_ids(4, 128, 99))))
             out = {"queue_class": queue_class, "sim_device": sim_device}
             for shape in shapes(args.quick, args.device):
-                out[shape.name] = await run_shape(engine, shape, args.seed)
+                out[shape.name] = await _run_shape(engine, shape, args.seed)
             out["idle_pct"] = idle_cpu(os.getpid())[0]
         finally:
             engine.shutdown()
@@ -427,7 +439,7 @@ def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: st
     """One fresh engine of `arm` through every shape, in a driver process: its figures."""
     p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm_bench", "--shapes-driver", "--tp", str(tp),
                         "--model", model, "--seed", str(seed), "--device", device] + ["--quick"] * quick,
-                       env=_env(tp, arm, device), stdout=subprocess.PIPE, stderr=None if os.environ.get(
+                       env=arm_env(tp, arm, device), stdout=subprocess.PIPE, stderr=None if os.environ.get(
                            "HOTLOOP_BENCH_VERBOSE") else subprocess.DEVNULL, text=True, timeout=1800,
                        start_new_session=True)
     if p.returncode != 0 or not p.stdout.strip():
@@ -451,10 +463,6 @@ def _check_queue_class(arm: str, found: list[str]) -> None:
 def _stats(xs: list[float]) -> dict:
     """median, min, max of one figure over the rounds."""
     return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
-
-
-def _cell(st: dict, digits: int) -> str:
-    return f"{fmt(st['median'], digits)} ({fmt(st['min'], digits)}-{fmt(st['max'], digits)})"
 
 
 FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": ("TTFT p50 ms", 1),
@@ -519,7 +527,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     if device == "sim":
         from hotloop.vllm.sim_device import requested
 
-        data["sim_device_us"] = requested() or _sim_spec()
+        data["sim_device_us"] = requested() or sim_spec()
     full = set(arms) >= set(arms_for(device))
     data["goals"] = (goals_sim(data, tps) if device == "sim" else goals(data, tps)) if full else []
     text = render(data, tps, quick)
@@ -559,7 +567,7 @@ def cpu_rows(data: dict, tps, last) -> list[list]:
     return rows
 
 
-def _sim_spec() -> tuple[float, float]:
+def sim_spec() -> tuple[float, float]:
     from hotloop.testing.device_clock import DEFAULT_BASE_US, DEFAULT_PER_TOKEN_US
 
     return DEFAULT_BASE_US, DEFAULT_PER_TOKEN_US
@@ -684,9 +692,9 @@ def render(data: dict, tps, quick: bool) -> Report:
         for tp in tps:
             per = data["tp"][tp][shape["name"]]
             for arm in arms:
-                rows.append([f"TP={tp} {arm}"] + [_cell(per[arm][k], FIGURES[k][1]) for k in keys])
+                rows.append([f"TP={tp} {arm}"] + [median_range(per[arm][k], FIGURES[k][1]) for k in keys])
             for arm in arms[1:]:
-                rows.append([f"TP={tp} {arm}/vLLM"] + [_cell(per[f"{arm}/vLLM"][k], 2) for k in keys])
+                rows.append([f"TP={tp} {arm}/vLLM"] + [median_range(per[f"{arm}/vLLM"][k], 2) for k in keys])
         how = "all at once" if shape["rate"] <= 0 else f"Poisson {shape['rate']:g} req/s"
         parts.append(table(
             f"vLLM {data['vllm_version']} AsyncLLM{_device_words(data)}, shape '{shape['name']}': {shape['n']} requests of "
@@ -702,7 +710,7 @@ def render(data: dict, tps, quick: bool) -> Report:
                        note="Stamps from CLOCK_MONOTONIC in each process (hotloop.vllm.timeline, every arm): front "
                             "end submit -> engine core input thread -> scheduler -> step broadcast -> worker read "
                             "-> step done -> response read -> outputs made -> first output at the front end."))
-    idle_rows = [[f"TP={tp} {arm}"] + [_cell(data["tp"][tp]["idle"][arm][k], 2) for k in IDLE_PARTS]
+    idle_rows = [[f"TP={tp} {arm}"] + [median_range(data["tp"][tp]["idle"][arm][k], 2) for k in IDLE_PARTS]
                  for tp in tps for arm in arms]
     parts.append(table("Idle CPU in the 3 s after the last burst, percent of one core (every thread's schedstat)",
                        ["TP / arm", "process tree", "gloo loops", "engine core + workers' main threads",

@@ -4,7 +4,7 @@ the latency figures are vLLM's own.
 
 Method: per round, per TP size and arm (``vllm_bench.SIM_ARMS``, the arm that goes first rotating each round), a
 fresh ``vllm serve`` of the tiny model on the simulated device (``HOTLOOP_VLLM_SIM_DEVICE``), the arm's environment
-(``vllm_bench._env``), ``--enforce-eager``, at most 16 sequences. Each shape (``vllm_bench.shapes(quick, "sim")``) is
+(``vllm_bench.arm_env``), ``--enforce-eager``, at most 16 sequences. Each shape (``vllm_bench.shapes(quick, "sim")``) is
 one ``vllm bench serve`` run of vLLM's random dataset (fixed lengths, seed 0, ``--ignore-eos``): Poisson arrivals at
 the shape's rate (all at once where it is 0; decode at most 16 concurrent, single 1). Per shape, from vLLM's result
 file: req/s, output tok/s, TTFT p50 / p99, ITL p50 / p99; from this harness: the host CPU of each server process
@@ -27,7 +27,7 @@ import time
 import urllib.request
 
 from hotloop.bench import vllm_bench
-from hotloop.bench.report import Progress, Report, fmt, median, table
+from hotloop.bench.report import Progress, Report, fmt, median, median_range, table
 from hotloop.bench.vllm_bench import IDLE_PARTS, SIM_ARMS, cpu_by_process, idle_cpu, shapes
 
 FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": ("TTFT p50 ms", 1),
@@ -51,7 +51,7 @@ class Server:
 
     def __init__(self, tp: int, arm: str, model: str, start_timeout_s: float = 300.0):
         self.tp, self.arm, self.model, self.port = tp, arm, model, _free_port()
-        env = vllm_bench._env(tp, arm, "sim")
+        env = vllm_bench.arm_env(tp, arm, "sim")
         env.pop("HOTLOOP_VLLM_TIMELINE", None)  # vLLM's own figures, nothing of hotloop's added to the arms
         self.proc = subprocess.Popen(
             _launch("serve", model, "--host", "127.0.0.1", "--port", str(self.port), "--tensor-parallel-size",
@@ -171,7 +171,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0)
     from hotloop.vllm.sim_device import requested
 
     data.update({"vllm_version": version, "seed": seed, "device": "sim", "online": True,
-                 "sim_device_us": requested() or vllm_bench._sim_spec(),
+                 "sim_device_us": requested() or vllm_bench.sim_spec(),
                  "identical_greedy_outputs": not differ and all(reference.values()),
                  "outputs_differ": sorted(differ)})
     data["goals"] = goals(data, tps)
@@ -245,8 +245,8 @@ def render(data: dict, tps) -> Report:
         rows = []
         for tp in tps:
             per = data["tp"][tp][shape["name"]]
-            rows += [[f"TP={tp} {arm}"] + [vllm_bench._cell(per[arm][k], FIGURES[k][1]) for k in keys] for arm in arms]
-            rows += [[f"TP={tp} {arm}/vLLM"] + [vllm_bench._cell(per[f"{arm}/vLLM"][k], 2) for k in keys]
+            rows += [[f"TP={tp} {arm}"] + [median_range(per[arm][k], FIGURES[k][1]) for k in keys] for arm in arms]
+            rows += [[f"TP={tp} {arm}/vLLM"] + [median_range(per[f"{arm}/vLLM"][k], 2) for k in keys]
                      for arm in arms[1:]]
         how = "all at once" if shape["rate"] <= 0 else f"Poisson {shape['rate']:g} req/s"
         parts.append(table(
@@ -255,7 +255,7 @@ def render(data: dict, tps) -> Report:
             f"{shape['output_tokens']} tokens, {how}; median (min-max) over {n} round{'s' * (n > 1)}",
             ["TP / arm"] + [FIGURES[k][0] for k in keys], rows, key=f"online-{shape['name']}"))
     rows = vllm_bench.cpu_rows(data, tps, lambda tp, arm, pct: [
-        vllm_bench._cell(data["tp"][tp]["decode"][arm]["host_cpu_pct"], 0),
+        median_range(data["tp"][tp]["decode"][arm]["host_cpu_pct"], 0),
         fmt(data["tp"][tp]["idle"][arm]["waiters"]["median"], 3)])
     parts.append(table("Host CPU of the server's processes while decoding (percent of one core, median over rounds), "
                        "and idle after the last shape", ["TP / arm", "front end", "engine core", "each worker",

@@ -302,12 +302,8 @@ def _stamp_on_request(go_r, writer, sock, n, delay):
     os._exit(0)
 
 
-def cross_process(rounds, sliced_rounds, progress):
-    import multiprocessing as mp
-
-    from hotloop import MessageQueue
-
-    saved = _core.park_backend()["backend"]
+def _cross_modes(rounds, sliced_rounds) -> list[dict]:
+    """The cross-process modes this machine has, each with the backend its request got (one row per backend)."""
     modes = []
     for label, request, wait_set, event in CROSS_MODES:
         if request:
@@ -322,7 +318,54 @@ def cross_process(rounds, sliced_rounds, progress):
         if (m["set"], m["event"], m["backend"]) not in seen:
             seen.add((m["set"], m["event"], m["backend"]))
             unique.append(m)
-    modes = unique
+    return unique
+
+
+def _cross_round(m: dict, go_w: int, a: socket.socket, reader) -> None:
+    """One round of mode `m`: ask the child for an event, wait for it, record the wake-up and reaction times."""
+    if m["request"]:
+        _core.set_park_backend(m["request"])
+    w = m["waiter"]
+    by_socket = m["event"] == "socket"
+    os.write(go_w, b"s" if by_socket else b"g")
+    ready = w.wait(timeout=5)
+    back = time.monotonic_ns()
+    if (a if by_socket else reader) not in ready:
+        raise RuntimeError(f"cross-process bench: {m['label']} ({m['backend']}) did not wake in 5 s")
+    (sent,) = struct.unpack("q", a.recv(8, socket.MSG_WAITALL) if by_socket
+                            else reader.dequeue_bytes(timeout=1))
+    m["wake_ns"].append(w.last_wake_ns - sent)
+    m["react_ns"].append(back - sent)
+    m["phases"][w.last_phase] += 1
+
+
+def _cross_summary(modes: list[dict]) -> dict:
+    """Each mode's wake-up and reaction percentiles, its ratio to the same event waited on alone, where waits ended."""
+    base = {m["event"]: percentile(m["wake_ns"], 50) for m in modes if m["set"] != "both"}
+    out = {}
+    for m in modes:
+        name = f"{m['label']} [{m['backend']}]"
+        p50 = percentile(m["wake_ns"], 50)
+        out[name] = {
+            "backend": m["backend"],
+            "wake": summarize_us(m["wake_ns"]),
+            "reaction": summarize_us(m["react_ns"]),
+            "event": m["event"],
+            "p50_ratio_to_alone": p50 / base[m["event"]] if base.get(m["event"]) else math.nan,
+            "safety_wakeups": m["waiter"].safety_wakeups,
+            "parked_pct": 100.0 * m["phases"]["park"] / max(1, sum(m["phases"].values())),
+            "ended": metrics.wait_split(m["waiter"].stats),
+        }
+    return out
+
+
+def cross_process(rounds, sliced_rounds, progress):
+    import multiprocessing as mp
+
+    from hotloop import MessageQueue
+
+    saved = _core.park_backend()["backend"]
+    modes = _cross_modes(rounds, sliced_rounds)
     total = sum(m["rounds"] for m in modes)
     q = MessageQueue(1)
     go_r, go_w = os.pipe()
@@ -341,20 +384,7 @@ def cross_process(rounds, sliced_rounds, progress):
             for m in random.Random(i).sample(modes, len(modes)):
                 if i >= m["rounds"]:
                     continue
-                if m["request"]:
-                    _core.set_park_backend(m["request"])
-                w = m["waiter"]
-                by_socket = m["event"] == "socket"
-                os.write(go_w, b"s" if by_socket else b"g")
-                ready = w.wait(timeout=5)
-                back = time.monotonic_ns()
-                if (a if by_socket else reader) not in ready:
-                    raise RuntimeError(f"cross-process bench: {m['label']} ({m['backend']}) did not wake in 5 s")
-                (sent,) = struct.unpack("q", a.recv(8, socket.MSG_WAITALL) if by_socket
-                                        else reader.dequeue_bytes(timeout=1))
-                m["wake_ns"].append(w.last_wake_ns - sent)
-                m["react_ns"].append(back - sent)
-                m["phases"][w.last_phase] += 1
+                _cross_round(m, go_w, a, reader)
             if i % 50 == 49:
                 progress.step(f"cross-process reader: round {i + 1}")
     finally:
@@ -369,22 +399,7 @@ def cross_process(rounds, sliced_rounds, progress):
         reader.close()
         q.close()
         _core.set_park_backend({"io_uring": "uring", "futex_waitv helper": "fallback"}.get(saved, saved))
-    base = {m["event"]: percentile(m["wake_ns"], 50) for m in modes if m["set"] != "both"}
-    out = {}
-    for m in modes:
-        name = f"{m['label']} [{m['backend']}]"
-        p50 = percentile(m["wake_ns"], 50)
-        out[name] = {
-            "backend": m["backend"],
-            "wake": summarize_us(m["wake_ns"]),
-            "reaction": summarize_us(m["react_ns"]),
-            "event": m["event"],
-            "p50_ratio_to_alone": p50 / base[m["event"]] if base.get(m["event"]) else math.nan,
-            "safety_wakeups": m["waiter"].safety_wakeups,
-            "parked_pct": 100.0 * m["phases"]["park"] / max(1, sum(m["phases"].values())),
-            "ended": metrics.wait_split(m["waiter"].stats),
-        }
-    return out
+    return _cross_summary(modes)
 
 
 # ---- (e) where waits end under periodic traffic ---------------------------------------------------------------
@@ -518,41 +533,50 @@ def render(d: dict) -> Report:
          for k, v in d["put_latency"].items()], key="put_latency",
     ))
     if "cross_process" in d:
-        cp = d["cross_process"]
-        parts.append(table(
-            f"(d) one park for a cross-process shared-memory reader and a socket: the writer process stamps a message "
-            f"{m['cross_delay_ms']:.0f} ms after each request, on the queue (reader rows) or the socket (socket rows); "
-            f"{m['cross_rounds']} rounds per mode "
-            f"({m['cross_sliced_rounds']} for sliced), modes interleaved; wake = stamp -> C++ wait returned, "
-            f"reaction = stamp -> back in Python (p50/p99 over all rounds)",
-            ["waiter [park backend]", "wake p50 us", "wake p99 us", "react p50 us", "react p99 us", "p50 / alone",
-             "safety wake-ups", "spin/yield/park %"],
-            [[k, v["wake"]["p50_us"], v["wake"]["p99_us"], v["reaction"]["p50_us"], v["reaction"]["p99_us"],
-              f"{v['p50_ratio_to_alone']:.2f}x", v["safety_wakeups"], _split_cell(v["ended"])]
-             for k, v in cp.items()],
-            note=("    goal: reader + socket p50 <= 1.2x the reader alone with io_uring and the futex_waitv helper, "
-                  "and 0 safety wake-ups (the 1 s descriptor check never fires while events flow); 'sliced' is the park "
-                  "these replace. The socket rows show what the socket's own wake-up pays in the same park "
-                  f"(ratio to the socket alone). Backend in use: {m['park_backend']['backend']}"
-                  + (f" ({m['park_backend']['reason']})" if m["park_backend"]["reason"] else "")),
-            key="cross_process",
-        ))
+        parts.append(_cross_process_table(d["cross_process"], m))
     if "periodic_split" in d:
-        parts.append(table(
-            f"(e) where waits end under periodic traffic: a C++ thread sets a flag every period, a Waiter takes each "
-            f"set ({m['periodic_seconds']:.0f} s per row; shares and phase times from Waiter.stats)",
-            ["policy @ period", "waits", "spin/yield/park %", "spin ms", "yield ms", "park ms", "CPU % of core",
-             "react p50 us", "react p99 us", "ring->run p50 <= us"],
-            [[k, v["ended"]["waits"], _split_cell(v["ended"]), v["phase_ms"]["spin"], v["phase_ms"]["yield"],
-              v["phase_ms"]["park"], v["waiter_cpu_pct_of_core"], v["reaction"]["p50_us"], v["reaction"]["p99_us"],
-              v["park_wake_p50_le_us"]] for k, v in d["periodic_split"].items()],
-            note=("    the split explains the CPU column: the fixed policy spins and yields 30 us before each park; the "
-                  "adaptive one learns that events are far apart and parks almost at once (its spin/yield time drops), "
-                  "paying a wake-up instead. 'ring->run' = the parked waiter's wake-up latency from Waiter.stats "
-                  "(ring -> running in C++; the upper bound of its power-of-two bucket)."),
-            key="periodic_split",
-        ))
+        parts.append(_periodic_table(d["periodic_split"], m))
     return Report(parts)
+
+
+def _cross_process_table(cp: dict, m: dict):
+    """Table (d): each cross-process mode's wake-up and reaction."""
+    return table(
+        f"(d) one park for a cross-process shared-memory reader and a socket: the writer process stamps a message "
+        f"{m['cross_delay_ms']:.0f} ms after each request, on the queue (reader rows) or the socket (socket rows); "
+        f"{m['cross_rounds']} rounds per mode "
+        f"({m['cross_sliced_rounds']} for sliced), modes interleaved; wake = stamp -> C++ wait returned, "
+        f"reaction = stamp -> back in Python (p50/p99 over all rounds)",
+        ["waiter [park backend]", "wake p50 us", "wake p99 us", "react p50 us", "react p99 us", "p50 / alone",
+         "safety wake-ups", "spin/yield/park %"],
+        [[k, v["wake"]["p50_us"], v["wake"]["p99_us"], v["reaction"]["p50_us"], v["reaction"]["p99_us"],
+          f"{v['p50_ratio_to_alone']:.2f}x", v["safety_wakeups"], _split_cell(v["ended"])]
+         for k, v in cp.items()],
+        note=("    goal: reader + socket p50 <= 1.2x the reader alone with io_uring and the futex_waitv helper, "
+              "and 0 safety wake-ups (the 1 s descriptor check never fires while events flow); 'sliced' is the park "
+              "these replace. The socket rows show what the socket's own wake-up pays in the same park "
+              f"(ratio to the socket alone). Backend in use: {m['park_backend']['backend']}"
+              + (f" ({m['park_backend']['reason']})" if m["park_backend"]["reason"] else "")),
+        key="cross_process",
+    )
+
+
+def _periodic_table(split: dict, m: dict):
+    """Table (e): where waits end under periodic traffic, by policy and period."""
+    return table(
+        f"(e) where waits end under periodic traffic: a C++ thread sets a flag every period, a Waiter takes each "
+        f"set ({m['periodic_seconds']:.0f} s per row; shares and phase times from Waiter.stats)",
+        ["policy @ period", "waits", "spin/yield/park %", "spin ms", "yield ms", "park ms", "CPU % of core",
+         "react p50 us", "react p99 us", "ring->run p50 <= us"],
+        [[k, v["ended"]["waits"], _split_cell(v["ended"]), v["phase_ms"]["spin"], v["phase_ms"]["yield"],
+          v["phase_ms"]["park"], v["waiter_cpu_pct_of_core"], v["reaction"]["p50_us"], v["reaction"]["p99_us"],
+          v["park_wake_p50_le_us"]] for k, v in split.items()],
+        note=("    the split explains the CPU column: the fixed policy spins and yields 30 us before each park; the "
+              "adaptive one learns that events are far apart and parks almost at once (its spin/yield time drops), "
+              "paying a wake-up instead. 'ring->run' = the parked waiter's wake-up latency from Waiter.stats "
+              "(ring -> running in C++; the upper bound of its power-of-two bucket)."),
+        key="periodic_split",
+    )
 
 
 def _split_cell(ended: dict) -> str:

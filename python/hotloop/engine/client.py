@@ -23,10 +23,10 @@ from collections import deque
 import zmq
 
 from hotloop.engine.client_core import ClientCore
-from hotloop.engine.process import engine_main
+from hotloop.engine.engine_process import engine_main
 from hotloop.engine.protocol import AbortRequest, RequestOutput, StatsReport, StatsRequest, engine_decoder
 from hotloop.errors import EngineDeadError
-from hotloop.process.stage import StageProcess
+from hotloop.stage_process.stage import StageProcess
 
 
 class EngineClient:

@@ -3,7 +3,7 @@
 Client -> engine: ``AddRequest``, ``AbortRequest``, ``StatsRequest``, ``ShutdownRequest``. Engine -> client:
 ``OutputBatch`` (RequestOutputs: each one's newly generated tokens; ``finished`` with a ``FinishReason``; ``error``
 set for ERROR and ENGINE_DEAD) and ``StatsReport``. ``AbortRequest``, ``ShutdownRequest`` and ``encoder`` are every
-stage process's (hotloop.process.messages), re-exported here; ``client_decoder`` takes them with the engine's own.
+stage process's (hotloop.stage_process.messages), re-exported here; ``client_decoder`` takes them with the engine's own.
 ``arrival_ns`` is stamped by the engine's input thread (time.monotonic_ns) when it receives the request.
 Structs do not check their fields when built: the clients check an AddRequest before sending it and the engine
 checks it again (``scheduler.check_request``: a str id, int token ids in the vocabulary, max_tokens >= 1, a finite
@@ -16,7 +16,7 @@ import enum
 
 import msgspec
 
-from hotloop.process.messages import AbortRequest, ShutdownRequest, encoder  # noqa: F401  (re-exported)
+from hotloop.stage_process.messages import AbortRequest, ShutdownRequest, encoder  # noqa: F401  (re-exported)
 
 
 class FinishReason(str, enum.Enum):

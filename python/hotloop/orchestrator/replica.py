@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from hotloop.engine.process import engine_main
+from hotloop.engine.engine_process import engine_main
 from hotloop.engine.protocol import AbortRequest, OutputBatch, StatsReport, engine_decoder
 from hotloop.errors import EngineDeadError, ReplicaDeadError
 from hotloop.orchestrator import vocoder
 from hotloop.orchestrator.packet import Packet
-from hotloop.process.stage import StageProcess
+from hotloop.stage_process.stage import StageProcess
 
 
 @dataclass

@@ -17,9 +17,9 @@ import signal
 import msgspec
 
 from hotloop.engine.protocol import FinishReason
-from hotloop.process.lifecycle import die_with_parent
-from hotloop.process.messages import AbortRequest, ShutdownRequest, StageMessage, encoder
-from hotloop.process.stage import connect_to_client
+from hotloop.stage_process.lifecycle import die_with_parent
+from hotloop.stage_process.messages import AbortRequest, ShutdownRequest, StageMessage, encoder
+from hotloop.stage_process.stage import connect_to_client
 
 log = logging.getLogger("hotloop.orchestrator.vocoder")
 

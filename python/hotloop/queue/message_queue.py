@@ -9,7 +9,7 @@ Names follow vLLM's MessageQueue, so engine code can switch::
     mq.enqueue({"step": 1, "tensor": t})          # one copy into shared memory, pickle 5 out-of-band buffers
     obj = reader.dequeue(timeout=1.0)             # the reader's own copy; never aliases ring memory
 
-Ranks at or above ``n_local_reader`` are readers on other nodes: same API, over TCP (``remote.py``). The
+Ranks at or above ``n_local_reader`` are readers on other nodes: same API, over TCP (``remote/``). The
 queue is a facade over declared backends (``backends.py``): a reader has one ``ReaderBackend`` (the
 shared-memory ring or the network subscriber), the writer a ``WriterBackend`` per kind of reader it has.
 A reader is a source for :func:`hotloop.wait_any` (pass the queue itself). ``dequeue`` waits in C++ with the GIL

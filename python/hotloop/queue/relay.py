@@ -43,8 +43,10 @@ import zmq
 
 from hotloop import _core
 from hotloop._core import ClosedError, DeadPeerError, WaitPolicy
-from hotloop.queue.remote import (MAX_NODE_BYTES, RemoteSubscriber, _ProcessZmq, _rank_topic, node_topic,
-                                  reader_socket)
+from hotloop.queue.remote.context import ProcessZmq
+from hotloop.queue.remote.sockets import reader_socket
+from hotloop.queue.remote.subscriber import RemoteSubscriber
+from hotloop.queue.remote.wire import MAX_NODE_BYTES, node_topic, rank_topic
 
 log = logging.getLogger("hotloop.queue.relay")
 
@@ -88,11 +90,11 @@ class Presence:
 
     def __init__(self, address: str, rank: int, node: str, server_public: bytes, client_keys: tuple[bytes, bytes]):
         self._owner_pid = os.getpid()
-        self._zmq = _ProcessZmq.acquire()
+        self._zmq = ProcessZmq.acquire()
         self._sock = None
         try:
             self._sock = reader_socket(self._zmq.ctx, server_public, client_keys)
-            self._sock.setsockopt(zmq.SUBSCRIBE, _rank_topic(rank, node))
+            self._sock.setsockopt(zmq.SUBSCRIBE, rank_topic(rank, node))
             self._sock.connect(address)
         except BaseException:
             self.close()

@@ -36,7 +36,7 @@ Contract:
   ``EngineClient``, tensor parallelism > 1, the engine and the orchestrator across nodes, the poll orchestrator
   loop.
 
-The package, one part per file: ``process`` (pids, children, segments, descriptors, percentiles), ``queue_load``
+The package, one part per file: ``own_processes`` (pids, children, segments, descriptors, percentiles), ``queue_load``
 (``QueueGroup``), ``request_load`` (``EngineLoad``, ``OrchestratorLoad``), ``chaos`` (``Chaos``,
 ``send_garbage``), ``network_chaos`` (``NetworkChaos``, ``NetFault``), ``nodes`` (``SoakNodes``), ``report``
 (``Report``), ``driver`` (``Soak``, ``run``).
@@ -47,8 +47,8 @@ from hotloop.soak.driver import Soak, run
 from hotloop.soak.network_chaos import KINDS as NETWORK_FAULT_KINDS
 from hotloop.soak.network_chaos import NetFault, NetworkChaos
 from hotloop.soak.nodes import SoakNodes
-from hotloop.soak.process import (CTX, HANG_S, LOOPBACK, START_TIMEOUT_S, children_of, descendants_of, open_fds,
-                                  percentiles, send_signal, shm_entries)
+from hotloop.soak.own_processes import (CTX, HANG_S, LOOPBACK, START_TIMEOUT_S, children_of, descendants_of,
+                                        open_fds, percentiles, send_signal, shm_entries)
 from hotloop.soak.queue_load import QueueGroup, ReaderTotals
 from hotloop.soak.report import MUST_BE_ZERO, Report
 from hotloop.soak.request_load import (BAD_REQUESTS, CLEAR_REJECTIONS, EngineLoad, OrchestratorLoad, RequestTally)

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hotloop.soak.process import CTX, LOOPBACK, _die_with_parent, _log, _start_time, send_signal
+from hotloop.soak.own_processes import CTX, LOOPBACK, die_with_parent, log, start_time, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.report import Report
@@ -84,28 +84,28 @@ class Chaos:
                 if kill is not None:
                     self.report.kills.append(kill)
                     self._did(f"kill {target.kind}")
-                    _log(f"chaos: SIGKILL {target.label} (pid {target.pid})")
+                    log(f"chaos: SIGKILL {target.label} (pid {target.pid})")
             else:
                 await self._stop(target, rng.uniform(0.1, 2.0))
 
     async def _stop(self, target: Target, seconds: float):
-        start = _start_time(target.pid)
+        start = start_time(target.pid)
         if start is None:
             return
         if not send_signal(target.pid, signal.SIGSTOP):
             return
         self._did(f"stop {target.kind}")
-        _log(f"chaos: SIGSTOP {target.label} (pid {target.pid}) for {seconds:.2f} s")
+        log(f"chaos: SIGSTOP {target.label} (pid {target.pid}) for {seconds:.2f} s")
         try:
             await asyncio.sleep(seconds)
         finally:
-            if _start_time(target.pid) == start:  # not a reused pid (send_signal checks it is ours too)
+            if start_time(target.pid) == start:  # not a reused pid (send_signal checks it is ours too)
                 send_signal(target.pid, signal.SIGCONT)
 
     async def _garbage(self, target: Target):
         seed = self.rng.randrange(1 << 30)
         self._did("garbage to a queue port")
-        _log(f"chaos: garbage to {target.label}")
+        log(f"chaos: garbage to {target.label}")
         try:
             if target.netns is None:
                 await asyncio.to_thread(send_garbage, target.address, seed)
@@ -129,7 +129,7 @@ def _garbage_from_node(netns: str, address: str, seed: int) -> None:
 
 
 def _garbage_main(netns: str, address: str, seed: int) -> None:
-    _die_with_parent()
+    die_with_parent()
     from hotloop.testing.netns import join
 
     join(netns)

@@ -31,8 +31,8 @@ import time
 
 from hotloop.soak.chaos import Chaos
 from hotloop.soak.network_chaos import BOUND_SLACK_S, NetworkChaos
-from hotloop.soak.process import (HANG_S, LOOPBACK, START_TIMEOUT_S, _creator_pid, _log, children_of, descendants_of,
-                                  open_fds, shm_entries)
+from hotloop.soak.own_processes import (HANG_S, LOOPBACK, START_TIMEOUT_S, creator_pid, log, children_of,
+                                        descendants_of, open_fds, shm_entries)
 from hotloop.soak.queue_load import QueueGroup
 from hotloop.soak.report import Report
 from hotloop.soak.request_load import EngineLoad, OrchestratorLoad
@@ -74,7 +74,7 @@ class Soak:
             g.start()
         loads = [asyncio.create_task(self.engine.run(stop), name="soak-engine"),
                  asyncio.create_task(self.orch.run(stop), name="soak-orchestrator")]
-        _log("starting: 2 queue groups" + ("" if self.nodes is None else f" on {len(self.nodes.remote) + 1} simulated "
+        log("starting: 2 queue groups" + ("" if self.nodes is None else f" on {len(self.nodes.remote) + 1} simulated "
                                                                           "nodes") +
              ", 1 engine, 1 orchestrator (2 LLM replicas + 1 transform)")
         t0 = time.monotonic()
@@ -82,13 +82,13 @@ class Soak:
             if time.monotonic() - t0 > START_TIMEOUT_S or any(t.done() for t in loads):
                 break
             await asyncio.sleep(0.2)  # start-up only
-        _log(f"running {self.minutes:g} min with chaos (started in {time.monotonic() - t0:.1f} s)")
+        log(f"running {self.minutes:g} min with chaos (started in {time.monotonic() - t0:.1f} s)")
         until = time.monotonic() + self.minutes * 60
         progress = asyncio.create_task(self._progress(until))
         await asyncio.gather(self.chaos.run(until), *([] if self.net_chaos is None else [self.net_chaos.run(until)]))
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
-        _log("chaos over: stopping the load; every outcome must arrive")
+        log("chaos over: stopping the load; every outcome must arrive")
         stop.set()
         for g in self.groups:
             g.stop()
@@ -121,12 +121,45 @@ class Soak:
         while True:
             await asyncio.sleep(10)
             e, o = self.engine.tally, self.orch.tally
-            _log(f"{max(0.0, until - time.monotonic()):.0f} s left: queue sent {sum(g.sent for g in self.groups)} "
+            log(f"{max(0.0, until - time.monotonic()):.0f} s left: queue sent {sum(g.sent for g in self.groups)} "
                  f"in {sum(g.generations for g in self.groups)} generations; engine {e.good_finished} ok, "
                  f"{sum(e.bad_rejected.values())} rejected; orchestrator {o.good_finished} ok; "
                  f"kills {len(self.report.kills)}; "
                  + ("" if self.net_chaos is None else f"network faults {len(self.net_chaos.faults)}; ")
                  + f"findings {len(self.report.findings)}")
+
+
+def _collect_leaks(soak: Soak, me: int, shm0: set, kids0: set, fds0: set, threads0: set) -> dict:
+    """At the end of the run: what the soak left behind beyond the baselines taken before it (waiting up to 10 s
+    for processes and segments to go away), each network fault's share of it; kills the children left."""
+    deadline = time.monotonic() + 10
+    while True:  # end of run: processes exit and segments go away asynchronously
+        gc.collect()
+        kids = children_of(me) - kids0
+        shm = shm_entries() - shm0
+        fds = open_fds() - fds0
+        threads = [t for t in threading.enumerate() if t not in threads0 and t.is_alive()]
+        if not (kids or shm or fds or threads) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    fd_names = {}
+    for fd in fds:
+        try:
+            fd_names[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    ours = {x for x in shm if creator_pid(x) in soak.pids}
+    leaks = {"shm": sorted(ours), "shm_of_other_programs": sorted(shm - ours), "children": sorted(kids), "fds": fd_names,
+             "threads": [t.name for t in threads]}
+    for fault in [] if soak.net_chaos is None else soak.net_chaos.faults:
+        fault.leaked_segments = sum(1 for x in ours if creator_pid(x) in fault.pids)
+        fault.leaked_processes = len(kids & fault.pids)
+    for pid in kids:  # report them, then do not leave them behind
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return leaks
 
 
 def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_s: float = 1.0,
@@ -161,33 +194,7 @@ def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_
         asyncio.run(soak.run())
     finally:
         soak.close()
-        deadline = time.monotonic() + 10
-        while True:  # end of run: processes exit and segments go away asynchronously
-            gc.collect()
-            kids = children_of(me) - kids0
-            shm = shm_entries() - shm0
-            fds = open_fds() - fds0
-            threads = [t for t in threading.enumerate() if t not in threads0 and t.is_alive()]
-            if not (kids or shm or fds or threads) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        fd_names = {}
-        for fd in fds:
-            try:
-                fd_names[fd] = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                pass
-        ours = {x for x in shm if _creator_pid(x) in soak.pids}
-        leaks = {"shm": sorted(ours), "shm_of_other_programs": sorted(shm - ours), "children": sorted(kids), "fds": fd_names,
-                 "threads": [t.name for t in threads]}
-        for fault in [] if soak.net_chaos is None else soak.net_chaos.faults:
-            fault.leaked_segments = sum(1 for x in ours if _creator_pid(x) in fault.pids)
-            fault.leaked_processes = len(kids & fault.pids)
-        for pid in kids:  # report them, then do not leave them behind
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        leaks = _collect_leaks(soak, me, shm0, kids0, fds0, threads0)
         shutil.rmtree(workdir, ignore_errors=True)
         sys.stdout.flush()
         os.dup2(saved_stdout, 1)
@@ -202,5 +209,5 @@ def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_
     if json_path:
         with open(json_path, "w") as f:
             json.dump(rec, f, indent=2, default=str)
-        _log(f"wrote {json_path}")
+        log(f"wrote {json_path}")
     return 0 if rec["ok"] else 1

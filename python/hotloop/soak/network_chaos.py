@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hotloop.soak.process import _log, send_signal
+from hotloop.soak.own_processes import log, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.nodes import SoakNodes
@@ -121,7 +121,7 @@ class NetworkChaos:
         if fault is None:
             return  # the generation ended meanwhile
         self.faults.append(fault)
-        _log(f"network chaos: {fault.label}" + ("" if kind == PARTITION else f" for {seconds:.2f} s"))
+        log(f"network chaos: {fault.label}" + ("" if kind == PARTITION else f" for {seconds:.2f} s"))
         try:
             fault.t = time.monotonic()
             if kind in (PARTITION, SHORT_CUT):

@@ -23,6 +23,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import mmap
 import multiprocessing.connection as mpc
 import os
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from hotloop.soak.chaos import Kill, Target
 from hotloop.soak.network_chaos import PARTITION, NetFault
-from hotloop.soak.process import CTX, HANG_S, LOOPBACK, START_TIMEOUT_S, _die_with_parent, send_signal
+from hotloop.soak.own_processes import CTX, HANG_S, LOOPBACK, START_TIMEOUT_S, die_with_parent, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.nodes import SoakNodes
@@ -71,7 +72,7 @@ def _writer_main(wid: int, gen: int, n_reader: int, n_local: int, max_chunk: int
     """One generation's writer: sends until told to stop (or a reader dies), then shuts the queue down and
     reports. After each enqueue that returned, the count of sent messages is in `counter_path` (it survives a
     SIGKILL of this process). After close(), ("closed", descriptors the queue left open)."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _on_node(netns)
     from hotloop import ClosedError, DeadPeerError, MessageQueue
@@ -120,7 +121,7 @@ def _writer_main(wid: int, gen: int, n_reader: int, n_local: int, max_chunk: int
 def _reader_main(handle, rank: int, wid: int, gen: int, conn, netns: str | None = None) -> None:
     """One reader: blocks in dequeue, checks every message, reports when the queue ends (closed / dead writer),
     then, after close(), the descriptors its queue left open."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _on_node(netns)
     from hotloop import ClosedError, DeadPeerError, MessageQueue
@@ -168,7 +169,7 @@ def _reader_main(handle, rank: int, wid: int, gen: int, conn, netns: str | None 
 def _proxy_main(netns: str, port: int, writer_ip: str, conn) -> None:
     """A proxied rank's delay proxy, on the rank's node: 127.0.0.1:port -> the writer's publisher, delay off
     until SIGUSR1 (hotloop.testing.delay_proxy); ends once its one connection ended."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _on_node(netns)
     import asyncio
@@ -315,10 +316,31 @@ class QueueGroup:
                 return
 
     def _generation(self):
+        """One generation: start a writer and its readers, let them run until a fault or stop() ends it, collect
+        their reports, account for every message and tell each network fault of the generation how it went."""
         self.gen += 1
         gen = self.gen
         with open(self.counter_path, "r+b") as f:
             f.write(b"\0" * 8)
+        started = self._start_generation(gen)
+        if started is None:
+            return
+        writer, readers, ctrl, conns, proxies, gen_pids = started
+        hung, kill, role, faults = self._await_generation(writer, readers, proxies)
+        w_report, r_reports, fds_left = self._collect_reports(ctrl, conns)
+        with open(self.counter_path, "rb") as f:
+            sent = struct.unpack("q", f.read(8))[0]
+        per_rank = self._account(gen, kill, role, writer, readers, hung, w_report, r_reports, sent, faults)
+        for fault in faults:
+            fault.pids = gen_pids
+            fault.hung = len(hung)
+            fault.lost, fault.dup, fault.ooo = per_rank.get(fault.rank, (0, 0, 0))
+            fault.fds_left = sum(max(0, n) for who, n in fds_left.items() if who in ("writer", fault.rank))
+            fault.fds_reported = sum(1 for who in fds_left if who in ("writer", fault.rank))
+
+    def _start_generation(self, gen: int):
+        """Starts generation `gen`'s writer, its readers (behind a delay proxy where the nodes say so) and makes it
+        the live one; (writer, readers, ctrl, conns, proxies, pids), or None (reported) when it did not start."""
         nodes = self.nodes
         ctrl, child = CTX.Pipe()
         writer = CTX.Process(target=_writer_main, name=f"soak-q{self.wid}-writer", daemon=True,
@@ -337,23 +359,9 @@ class QueueGroup:
                 raise RuntimeError(f"no handle from the writer ({msg!r}, exit code {writer.exitcode})")
             handle = msg[1]
             for rank in range(self.n_reader):
-                netns = None if nodes is None else nodes.reader_ns(self.wid, rank)
-                rank_handle = handle
-                if nodes is not None and nodes.proxied(self.wid, rank):
-                    proxy = self._start_proxy(netns, handle.remote_address, nodes.connect_ip)
-                    proxies[rank] = proxy
-                    gen_pids.add(proxy.pid)
-                    port = handle.remote_address.rsplit(":", 1)[1]
-                    rank_handle = dataclasses.replace(handle, remote_address=f"tcp://{LOOPBACK}:{port}")
-                parent, c = CTX.Pipe(duplex=False)
-                p = CTX.Process(target=_reader_main, name=f"soak-q{self.wid}-r{rank}", daemon=True,
-                                args=(rank_handle, rank, self.wid, gen, c, netns))
-                p.start()
-                self.pids.add(p.pid)
-                gen_pids.add(p.pid)
-                c.close()
+                p, conn = self._start_reader(gen, rank, handle, proxies, gen_pids)
                 readers.append(p)
-                conns.append(parent)
+                conns.append(conn)
             msg = self._recv(ctrl, writer, START_TIMEOUT_S)
             if not msg or msg[0] != "ready":
                 raise RuntimeError(f"the writer did not report ready ({msg!r}, exit code {writer.exitcode})")
@@ -365,7 +373,7 @@ class QueueGroup:
                 p.join()
             for c in [ctrl, *conns]:
                 c.close()
-            return
+            return None
         with self._lock:
             self._ctrl = ctrl
             self._proxies = (gen, {rank: p.pid for rank, p in proxies.items()})
@@ -376,8 +384,34 @@ class QueueGroup:
                     pass
             else:
                 self._live = (gen, writer, readers, ctrl, handle.remote_address)
+        return writer, readers, ctrl, conns, proxies, gen_pids
+
+    def _start_reader(self, gen: int, rank: int, handle, proxies: dict, gen_pids: set):
+        """Starts reader `rank` (through a delay proxy, added to `proxies`, where the nodes say so); (process, the
+        read end of its report pipe)."""
+        nodes = self.nodes
+        netns = None if nodes is None else nodes.reader_ns(self.wid, rank)
+        rank_handle = handle
+        if nodes is not None and nodes.proxied(self.wid, rank):
+            proxy = self._start_proxy(netns, handle.remote_address, nodes.connect_ip)
+            proxies[rank] = proxy
+            gen_pids.add(proxy.pid)
+            port = handle.remote_address.rsplit(":", 1)[1]
+            rank_handle = dataclasses.replace(handle, remote_address=f"tcp://{LOOPBACK}:{port}")
+        parent, c = CTX.Pipe(duplex=False)
+        p = CTX.Process(target=_reader_main, name=f"soak-q{self.wid}-r{rank}", daemon=True,
+                        args=(rank_handle, rank, self.wid, gen, c, netns))
+        p.start()
+        self.pids.add(p.pid)
+        gen_pids.add(p.pid)
+        c.close()
+        return p, parent
+
+    def _await_generation(self, writer, readers, proxies: dict):
+        """Waits for the live generation to end (a kill, or the writer's end after "stop"), kills what hung, heals a
+        cut node; (hung processes, the kill, its role, the generation's network faults)."""
         procs = [writer, *readers]
-        mpc.wait([p.sentinel for p in procs])  # a kill, or the writer's end after "stop"
+        mpc.wait([p.sentinel for p in procs])
         deadline = time.monotonic() + HANG_S
         hung = self._wait_all(procs, deadline)
         with self._lock:
@@ -395,10 +429,16 @@ class QueueGroup:
             p.join()
         if partition is not None:
             try:
-                nodes.heal(self.wid, partition.rank)
+                self.nodes.heal(self.wid, partition.rank)
             except Exception as e:
                 partition.errors.append(f"healing the node failed: {e!r}")
             self.end_fault(partition)
+        return hung, kill, role, faults
+
+    @staticmethod
+    def _collect_reports(ctrl, conns):
+        """The final reports left in the pipes, which it closes: (the writer's, rank -> reader's, who -> descriptors
+        left open)."""
         w_report, fds_left = None, {}
         while ctrl.poll():  # the handle and ready messages were read; what is left is the final report
             try:
@@ -420,15 +460,7 @@ class QueueGroup:
                 pass
         for c in [ctrl, *conns]:
             c.close()
-        with open(self.counter_path, "rb") as f:
-            sent = struct.unpack("q", f.read(8))[0]
-        per_rank = self._account(gen, kill, role, writer, readers, hung, w_report, r_reports, sent, faults)
-        for fault in faults:
-            fault.pids = gen_pids
-            fault.hung = len(hung)
-            fault.lost, fault.dup, fault.ooo = per_rank.get(fault.rank, (0, 0, 0))
-            fault.fds_left = sum(max(0, n) for who, n in fds_left.items() if who in ("writer", fault.rank))
-            fault.fds_reported = sum(1 for who in fds_left if who in ("writer", fault.rank))
+        return w_report, r_reports, fds_left
 
     def _start_proxy(self, netns: str, address: str, writer_ip: str):
         port = int(address.rsplit(":", 1)[1])
@@ -475,7 +507,6 @@ class QueueGroup:
         """Adds the generation to the totals and reports what went wrong; returns rank -> (lost, duplicated, out
         of order) of this generation."""
         tag = f"q{self.wid}.g{gen}"
-        rep = self.report
         self.generations += 1
         self.sent += sent
         writer_killed = role is not None and role[0] == "writer"
@@ -486,40 +517,12 @@ class QueueGroup:
         if faults:
             cause += "; network: " + ", ".join(f.label for f in faults)
         if hung:
-            rep.count("queue processes hung", len(hung))
-            rep.finding("queue", f"{tag}: {[p.name for p in hung]} had no outcome within {HANG_S:.0f} s of the "
-                                 f"generation's end ({cause})", zero=True)
-
-        def unexpected(what):
-            rep.count("queue unexpected errors")
-            rep.finding("queue", f"{tag}: {what} ({cause})", zero=True)
-            for f in faults:
-                f.errors.append(what)
-
-        # the writer's outcome
+            self.report.count("queue processes hung", len(hung))
+            self.report.finding("queue", f"{tag}: {[p.name for p in hung]} had no outcome within {HANG_S:.0f} s of "
+                                         f"the generation's end ({cause})", zero=True)
+        unexpected = functools.partial(self._unexpected, tag, cause, faults)
         if not writer_killed and writer not in hung:
-            if w_report is None:
-                unexpected(f"the writer exited (code {writer.exitcode}) without a report")
-            elif w_report["end"] == "dead_peer":
-                if reader_cut is not None:
-                    if f"rank {reader_cut}" not in w_report["error"]:
-                        unexpected(f"the writer's DeadPeerError names another rank than r{reader_cut}, whose node was "
-                                   f"cut off: {w_report['error']}")
-                    else:
-                        partition.detected_s["writer"] = w_report["t"] - partition.t
-                elif reader_killed is None:
-                    unexpected(f"the writer got DeadPeerError with no reader killed: {w_report['error']}")
-                else:
-                    kill.detected_s.append(w_report["t"] - kill.t)
-            elif w_report["end"] != "stopped":
-                unexpected(f"the writer ended with {w_report['end']}: {w_report['error']}")
-            elif kill is not None and reader_killed is not None:
-                kill.note = "the run ended before the writer noticed"
-            elif partition is not None:
-                partition.note = "the run ended before the writer noticed"
-            if w_report is not None and w_report["sent"] != sent:
-                unexpected(f"the writer reports {w_report['sent']} sent, its counter {sent}")
-        # every surviving reader
+            self._check_writer(unexpected, writer, w_report, sent, kill, partition, reader_killed, reader_cut)
         per_rank = {}
         for rank, p in enumerate(readers):
             if rank == reader_killed or p in hung:
@@ -540,31 +543,68 @@ class QueueGroup:
                     unexpected(f"reader r{rank} ended with {r['end']} after its node was cut off: {r['error']}")
             elif r["end"] != "closed":
                 unexpected(f"reader r{rank} ended with {r['end']}: {r['error']}")
-            tail = sent - (r["max_seq"] + 1)  # -1: the writer died between an enqueue and its counter update
-            t = self.totals[rank]
-            t.generations += 1
-            t.sent += sent
-            t.received += r["received"]
-            t.dup += r["dup"]
-            t.ooo += r["ooo"]
-            t.bad += r["bad"] + r["foreign"]
-            lost = r["gaps"]
-            if tail > 0 and writer_killed and rank >= self.n_local:
-                t.inflight_at_writer_kill += tail
-            elif tail > 0 and rank == reader_cut:
-                t.cut_off_tail += tail
-            elif tail > 0:
-                lost += tail
-            t.lost += lost
-            per_rank[rank] = (lost, r["dup"], r["ooo"])
-            for what, n in (("lost", lost), ("duplicated", r["dup"]), ("out of order", r["ooo"]),
-                            ("corrupt or foreign", r["bad"] + r["foreign"])):
-                if n:
-                    rep.finding("queue", f"{tag}: reader r{rank} ({self.rank_kind(rank)}): {n} message(s) {what} "
-                                         f"of {sent} sent (received {r['received']}, last seq {r['max_seq']}, "
-                                         f"{cause})", zero=True)
+            per_rank[rank] = self._count_reader(tag, cause, rank, r, sent, writer_killed, reader_cut)
         for p in [writer, *readers]:
             killed = (p is writer and writer_killed) or (reader_killed is not None and p is readers[reader_killed])
             if not killed and p not in hung and p.exitcode not in (0, None):
                 unexpected(f"{p.name} exited with code {p.exitcode}")
         return per_rank
+
+    def _unexpected(self, tag: str, cause: str, faults, what: str) -> None:
+        """Reports an outcome the generation's faults do not explain, and gives it to each of them."""
+        self.report.count("queue unexpected errors")
+        self.report.finding("queue", f"{tag}: {what} ({cause})", zero=True)
+        for f in faults:
+            f.errors.append(what)
+
+    @staticmethod
+    def _check_writer(unexpected, writer, w_report, sent, kill, partition, reader_killed, reader_cut) -> None:
+        """Checks the surviving writer's outcome against the generation's kill or cut."""
+        if w_report is None:
+            unexpected(f"the writer exited (code {writer.exitcode}) without a report")
+        elif w_report["end"] == "dead_peer":
+            if reader_cut is not None:
+                if f"rank {reader_cut}" not in w_report["error"]:
+                    unexpected(f"the writer's DeadPeerError names another rank than r{reader_cut}, whose node was "
+                               f"cut off: {w_report['error']}")
+                else:
+                    partition.detected_s["writer"] = w_report["t"] - partition.t
+            elif reader_killed is None:
+                unexpected(f"the writer got DeadPeerError with no reader killed: {w_report['error']}")
+            else:
+                kill.detected_s.append(w_report["t"] - kill.t)
+        elif w_report["end"] != "stopped":
+            unexpected(f"the writer ended with {w_report['end']}: {w_report['error']}")
+        elif kill is not None and reader_killed is not None:
+            kill.note = "the run ended before the writer noticed"
+        elif partition is not None:
+            partition.note = "the run ended before the writer noticed"
+        if w_report is not None and w_report["sent"] != sent:
+            unexpected(f"the writer reports {w_report['sent']} sent, its counter {sent}")
+
+    def _count_reader(self, tag, cause, rank, r, sent, writer_killed, reader_cut) -> tuple[int, int, int]:
+        """Adds a surviving reader's report to its rank's totals and reports its losses; (lost, duplicated, out of
+        order)."""
+        tail = sent - (r["max_seq"] + 1)  # -1: the writer died between an enqueue and its counter update
+        t = self.totals[rank]
+        t.generations += 1
+        t.sent += sent
+        t.received += r["received"]
+        t.dup += r["dup"]
+        t.ooo += r["ooo"]
+        t.bad += r["bad"] + r["foreign"]
+        lost = r["gaps"]
+        if tail > 0 and writer_killed and rank >= self.n_local:
+            t.inflight_at_writer_kill += tail
+        elif tail > 0 and rank == reader_cut:
+            t.cut_off_tail += tail
+        elif tail > 0:
+            lost += tail
+        t.lost += lost
+        for what, n in (("lost", lost), ("duplicated", r["dup"]), ("out of order", r["ooo"]),
+                        ("corrupt or foreign", r["bad"] + r["foreign"])):
+            if n:
+                self.report.finding("queue", f"{tag}: reader r{rank} ({self.rank_kind(rank)}): {n} message(s) "
+                                             f"{what} of {sent} sent (received {r['received']}, last seq "
+                                             f"{r['max_seq']}, {cause})", zero=True)
+        return lost, r["dup"], r["ooo"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from hotloop.soak.process import _log, percentiles
+from hotloop.soak.own_processes import log, percentiles
 
 if TYPE_CHECKING:
     from hotloop.soak.chaos import Chaos, Kill
@@ -40,7 +40,7 @@ class Report:
     def finding(self, area: str, what: str, zero: bool = False):
         self.findings.append({"area": area, "what": what, "t": time.monotonic()})
         if len([f for f in self.findings if f["what"] == what]) == 1:
-            _log(f"FINDING [{area}] {what}")
+            log(f"FINDING [{area}] {what}")
 
     def build(self, cfg: dict, groups: list[QueueGroup], engine: EngineLoad, orch: OrchestratorLoad, chaos: Chaos,
               leaks: dict, goal_s: float, fail_on_goal: bool, net: dict | None = None) -> dict:
@@ -49,39 +49,8 @@ class Report:
         def row(section, name, value, zero=False):
             rows.append({"section": section, "name": name, "value": value, "must_be_zero": zero})
 
-        for g in groups:
-            for rank, t in g.totals.items():
-                sec = f"queue q{g.wid} reader r{rank} ({g.rank_kind(rank).removeprefix('queue ')})"
-                row(sec, "generations survived", t.generations)
-                row(sec, "messages sent", t.sent)
-                row(sec, "messages received", t.received)
-                row(sec, "lost", t.lost, True)
-                row(sec, "duplicated", t.dup, True)
-                row(sec, "out of order", t.ooo, True)
-                row(sec, "corrupt or foreign", t.bad, True)
-                if rank >= g.n_local:
-                    row(sec, "in flight when its writer was killed (documented)", t.inflight_at_writer_kill)
-                if rank >= g.n_local and g.nodes is not None:
-                    row(sec, "sent after its node was cut off (never delivered)", t.cut_off_tail)
-        row("queue", "generations", sum(g.generations for g in groups))
-        row("queue", "messages sent (all writers)", sum(g.sent for g in groups))
-        row("queue", "unexpected errors", self.counts.get("queue unexpected errors", 0), True)
-        row("queue", "start failures", self.counts.get("queue start failures", 0), True)
-        row("queue", "processes hung", self.counts.get("queue processes hung", 0), True)
-        for label, load in (("engine", engine), ("orchestrator", orch)):
-            t = load.tally
-            row(label, "good requests finished", t.good_finished)
-            row(label, "requests failed by a kill (clear error)", t.good_failed_by_kill + t.bad_failed_by_kill)
-            row(label, "bad requests rejected (clear error)", sum(t.bad_rejected.values()))
-            row(label, "bad requests served", t.bad_served)
-            row(label, "requests hung", t.hung, True)
-            row(label, "good requests failed, no kill", t.good_failed_unexpected, True)
-            row(label, "bad requests, unclear outcome", t.bad_unexpected, True)
-            row(label, "deaths no kill explains", t.deaths_unexplained, True)
-            row(label, "restarts", t.restarts)
-            row(label, "start failures", self.counts.get(f"{label} start failures", 0), True)
-        row("orchestrator", "evictions", getattr(orch.tally, "evictions", 0))
-        row("orchestrator", "request entries left", self.counts.get("orchestrator request entries left", 0), True)
+        self._queue_rows(row, groups)
+        self._load_rows(row, engine, orch)
         for what, n in sorted(chaos.actions.items()):
             row("chaos", what, n)
         by_kind: dict[str, list[float]] = {}
@@ -114,6 +83,45 @@ class Report:
                 **({} if net is None else {
                     "network_fault_to_error_s": fault_latency, "network_bound_s": net["bound_s"],
                     "network_faults": [{k: v for k, v in f.__dict__.items() if k != "pids"} for f in net["faults"]]})}
+
+    def _queue_rows(self, row, groups: list[QueueGroup]) -> None:
+        """The rows of every queue reader, then the queues' totals."""
+        for g in groups:
+            for rank, t in g.totals.items():
+                sec = f"queue q{g.wid} reader r{rank} ({g.rank_kind(rank).removeprefix('queue ')})"
+                row(sec, "generations survived", t.generations)
+                row(sec, "messages sent", t.sent)
+                row(sec, "messages received", t.received)
+                row(sec, "lost", t.lost, True)
+                row(sec, "duplicated", t.dup, True)
+                row(sec, "out of order", t.ooo, True)
+                row(sec, "corrupt or foreign", t.bad, True)
+                if rank >= g.n_local:
+                    row(sec, "in flight when its writer was killed (documented)", t.inflight_at_writer_kill)
+                if rank >= g.n_local and g.nodes is not None:
+                    row(sec, "sent after its node was cut off (never delivered)", t.cut_off_tail)
+        row("queue", "generations", sum(g.generations for g in groups))
+        row("queue", "messages sent (all writers)", sum(g.sent for g in groups))
+        row("queue", "unexpected errors", self.counts.get("queue unexpected errors", 0), True)
+        row("queue", "start failures", self.counts.get("queue start failures", 0), True)
+        row("queue", "processes hung", self.counts.get("queue processes hung", 0), True)
+
+    def _load_rows(self, row, engine: EngineLoad, orch: OrchestratorLoad) -> None:
+        """The rows of the engine's and the orchestrator's request loads."""
+        for label, load in (("engine", engine), ("orchestrator", orch)):
+            t = load.tally
+            row(label, "good requests finished", t.good_finished)
+            row(label, "requests failed by a kill (clear error)", t.good_failed_by_kill + t.bad_failed_by_kill)
+            row(label, "bad requests rejected (clear error)", sum(t.bad_rejected.values()))
+            row(label, "bad requests served", t.bad_served)
+            row(label, "requests hung", t.hung, True)
+            row(label, "good requests failed, no kill", t.good_failed_unexpected, True)
+            row(label, "bad requests, unclear outcome", t.bad_unexpected, True)
+            row(label, "deaths no kill explains", t.deaths_unexplained, True)
+            row(label, "restarts", t.restarts)
+            row(label, "start failures", self.counts.get(f"{label} start failures", 0), True)
+        row("orchestrator", "evictions", getattr(orch.tally, "evictions", 0))
+        row("orchestrator", "request entries left", self.counts.get("orchestrator request entries left", 0), True)
 
     @staticmethod
     def _network_rows(row, net: dict) -> dict:

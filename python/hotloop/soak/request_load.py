@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hotloop.soak.chaos import Kill, Target
-from hotloop.soak.process import HANG_S, START_TIMEOUT_S, children_of, send_signal
+from hotloop.soak.own_processes import HANG_S, START_TIMEOUT_S, children_of, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.report import Report

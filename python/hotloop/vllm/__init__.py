@@ -103,7 +103,7 @@ def check_version(version: str | None = None) -> str:
     return version
 
 
-def _env_flag(name: str) -> bool | None:
+def env_flag(name: str) -> bool | None:
     value = os.environ.get(name, "").strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
@@ -114,7 +114,7 @@ def _env_flag(name: str) -> bool | None:
 
 def enabled_by_env() -> tuple[bool, str]:
     """Whether the environment asks for the plugin, and why (for the log)."""
-    flag = _env_flag("HOTLOOP_VLLM")
+    flag = env_flag("HOTLOOP_VLLM")
     if flag is not None:
         return flag, f"HOTLOOP_VLLM={os.environ['HOTLOOP_VLLM']}"
     named = [p.strip() for p in os.environ.get("VLLM_PLUGINS", "").split(",")]
@@ -125,7 +125,7 @@ def enabled_by_env() -> tuple[bool, str]:
 
 def loop_enabled() -> bool:
     """Whether the environment asks for the engine-core loop (HOTLOOP_VLLM_LOOP; off unless set)."""
-    return _env_flag("HOTLOOP_VLLM_LOOP") is True
+    return env_flag("HOTLOOP_VLLM_LOOP") is True
 
 
 def _install_loop() -> bool:
@@ -212,7 +212,7 @@ def uninstall() -> None:
 def platform_plugin() -> str | None:
     """The ``vllm.platform_plugins`` entry point: the simulated device's platform where HOTLOOP_VLLM_SIM_DEVICE is
     set and vLLM is the CPU build, else None."""
-    if not os.environ.get("HOTLOOP_VLLM_SIM_DEVICE", "").strip() or _env_flag("HOTLOOP_VLLM_SIM_DEVICE") is False:
+    if not os.environ.get("HOTLOOP_VLLM_SIM_DEVICE", "").strip() or env_flag("HOTLOOP_VLLM_SIM_DEVICE") is False:
         return None
     from importlib import metadata
 
@@ -226,7 +226,7 @@ def platform_plugin() -> str | None:
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: install() when the environment asks for it, else nothing
     (``HOTLOOP_VLLM_TIMELINE=1`` stamps each request's hops on either queue: ``timeline.py``)."""
-    if _env_flag("HOTLOOP_VLLM_TIMELINE"):
+    if env_flag("HOTLOOP_VLLM_TIMELINE"):
         from hotloop.vllm import timeline
 
         log.info("hotloop: request timeline stamps (HOTLOOP_VLLM_TIMELINE) on %s in process %d",

@@ -39,9 +39,9 @@ _local = threading.local()  # .notifier: the StepNotifier of this thread's CUDA 
 
 
 def requested() -> bool:
-    from hotloop.vllm import _env_flag  # the plugin's reading of its switches (1/true/yes/on)
+    from hotloop.vllm import env_flag  # the plugin's reading of its switches (1/true/yes/on)
 
-    return _env_flag(ENV) is True
+    return env_flag(ENV) is True
 
 
 def notifier():

@@ -11,7 +11,7 @@ Contract:
   indefinite=False)``, ``broadcast_object(obj=None)``, ``shutdown()``, ``create_from_process_group(...)`` and
   ``create_from_process_group_single_reader(...)`` (these two need vLLM; the rest does not).
 - Ranks are vLLM's: a rank in ``local_reader_ranks`` reads shared memory (local reader i of hotloop's ring is
-  ``local_reader_ranks[i]``); any other rank reads over TCP (CurveZMQ, ``queue/remote.py``), its slot taken from
+  ``local_reader_ranks[i]``); any other rank reads over TCP (CurveZMQ, ``queue/remote/``), its slot taken from
   ``remote_reader_ranks`` (default: the lowest ranks that are not local, which is how vLLM's executors number
   their workers). A rank that is in neither list takes the only remote slot when there is exactly one (vLLM
   passes rank -1 for a single-reader queue on another node) and is refused with BadHandleError otherwise.

@@ -15,7 +15,7 @@ Contract:
   reported: that rank's process ended, which the caller learns from its supervisor with the reason.
   ``close()`` wakes and joins the thread and closes every descriptor; idempotent.
 - Only the token ever travels on a link (engine to rank); nothing received is interpreted.
-- The timers are the remote queue's (``hotloop.queue.remote._keepalive``): keepalive probes every second on the
+- The timers are the remote queue's (``hotloop.queue.remote.sockets.keepalive``): keepalive probes every second on the
   idle link, dropped after ``peer_timeout_s() - 1`` unanswered ones, and ``TCP_USER_TIMEOUT`` for data left
   unacknowledged.
   A busy process is never taken for a lost one: its kernel answers the probes.

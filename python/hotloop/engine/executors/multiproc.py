@@ -21,7 +21,7 @@ import traceback
 from hotloop import MessageQueue
 from hotloop.engine.executors.worker import serve_steps, start_rank
 from hotloop.engine.executors.worker_group import STEP_CHUNK_BYTES, WorkerGroupExecutor
-from hotloop.process.lifecycle import die_with_parent, stop_processes
+from hotloop.stage_process.lifecycle import die_with_parent, stop_processes
 from hotloop.engine.model import ModelConfig
 from hotloop.errors import ExecutorError
 

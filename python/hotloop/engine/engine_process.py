@@ -26,8 +26,8 @@ import zmq
 from hotloop._core import ClosedError, InputQueue
 from hotloop.engine.core import EngineCore
 from hotloop.errors import ExecutorError
-from hotloop.process.lifecycle import die_with_parent
-from hotloop.process.stage import connect_to_client
+from hotloop.stage_process.lifecycle import die_with_parent
+from hotloop.stage_process.stage import connect_to_client
 from hotloop.engine.protocol import (AddRequest, FinishReason, OutputBatch, RequestOutput, ShutdownRequest, StatsReport,
                                      client_decoder, encoder)
 

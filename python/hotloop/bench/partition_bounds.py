@@ -1,6 +1,7 @@
 """How fast each partition case of tests/test_network_faults.py is seen, over many partitions.
 
-    python benchmarks/partition_bounds.py [ROUNDS]      (default 20; root, iproute2 and nftables, as the tests)
+    python -m hotloop.bench.partition_bounds [ROUNDS]      (default 20; root, iproute2 and nftables, as the tests;
+                                                            from a source checkout: it runs the checkout's tests)
 
 Runs the partition tests ROUNDS times (pytest -s: each prints "<case>: <who>'s DeadPeerError after X s") and
 prints, per case and side, p50 / p99 / max of the time from the cut to the error, with the peer timeout in force
@@ -13,7 +14,7 @@ import sys
 from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.join(HERE, "..", "tests", "test_network_faults.py")
+TESTS = os.path.normpath(os.path.join(HERE, "..", "..", "..", "tests", "test_network_faults.py"))
 FIGURE = re.compile(r"^(.*?): (.*?)'s DeadPeerError after ([0-9.]+) s(?:, (.*?)'s after ([0-9.]+) s)?$")
 
 
@@ -23,6 +24,8 @@ def percentile(xs, q):
 
 
 def main(rounds: int) -> int:
+    if not os.path.exists(TESTS):
+        sys.exit(f"partition_bounds runs the partition tests of a source checkout; there is none at {TESTS}")
     seen = defaultdict(list)
     failed = 0
     for i in range(rounds):

@@ -3,7 +3,7 @@
 CURVE (the baselines: what the transport costs, and what its encryption costs), in one run.
 ``hotloop bench queue`` runs the same comparison over alternating runs (its table (r)).
 
-    python benchmarks/python/remote_round_trip.py [rounds] [--reps N] [--hops]
+    python -m hotloop.bench.remote_round_trip [rounds] [--reps N] [--hops]
 
 Method: one process sends 64 B and waits for the echo from a second process (spawned), `rounds` times after
 rounds/10 of warm-up; per configuration the median (p50) and p99 of those round trips. A repetition runs every
@@ -34,15 +34,15 @@ MESSAGE = b"x" * 64
 
 def _stamp_wake_ups(stamps: list) -> None:
     """Record in `stamps` when each wait of this process's remote readers returns (the --hops breakdown)."""
-    import hotloop.queue.remote as remote
-    wait_any = remote.wait_any
+    import hotloop.queue.remote.subscriber as subscriber
+    wait_any = subscriber.wait_any
 
     def stamped(*args, **kwargs):
         ready = wait_any(*args, **kwargs)
         stamps.append(ns())
         return ready
 
-    remote.wait_any = stamped
+    subscriber.wait_any = stamped
 
 
 def _mq_echo(handle, conn, n_local, hops):

@@ -1,16 +1,16 @@
 """A stage process: the engine process, or any other stage of a pipeline (the orchestrator's transform stage),
 started by its client and talked to over two ZeroMQ sockets (requests out, outputs in), msgpack-encoded. Every
-stage takes the messages of process/messages.py (abort, shut down) beside its own.
+stage takes the messages of stage_process/messages.py (abort, shut down) beside its own.
 
 Contract (client side, ``StageProcess``): binds the outputs socket (PULL) in a private directory, starts
 ``target(in_addr, out_addr, kwargs, parent_pid, ready_conn)`` in a spawned process and waits for it to send its
 pid on ``ready_conn`` (a str instead: why it cannot start; EngineDeadError either way, naming it), then connects
 the requests socket (PUSH) to the stage's bound input. ``send`` never blocks. The process sentinel
 (``proc.sentinel``) tells its death; ``death_message()`` says how it ended. ``stop()`` asks it to shut down, then
-escalates (SIGTERM, SIGKILL: process.lifecycle) and reaps it, and removes the socket files.
+escalates (SIGTERM, SIGKILL: stage_process.lifecycle) and reaps it, and removes the socket files.
 
 Stage side: ``connect_to_client(in_addr, out_addr)`` gives the stage its two sockets; the stage calls
-``die_with_parent`` (process.lifecycle) first, so it never outlives its client.
+``die_with_parent`` (stage_process.lifecycle) first, so it never outlives its client.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import zmq
 import zmq.asyncio
 
 from hotloop.errors import EngineDeadError
-from hotloop.process.lifecycle import stop_processes
-from hotloop.process.messages import AbortRequest, ShutdownRequest, encoder
+from hotloop.stage_process.lifecycle import stop_processes
+from hotloop.stage_process.messages import AbortRequest, ShutdownRequest, encoder
 
 CTX = mp.get_context("spawn")
 

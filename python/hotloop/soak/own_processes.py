@@ -4,9 +4,9 @@ Contract:
 
 - ``CTX`` (spawn) starts every child process: the soak runs threads and ZeroMQ contexts and never forks.
 - ``send_signal`` signals a pid only while it is one of the soak's own processes (pinned by a pidfd, its parent
-  chain checked), so a reused pid is never signalled; ``_start_time`` tells a live pid from a reused one.
+  chain checked), so a reused pid is never signalled; ``start_time`` tells a live pid from a reused one.
 - ``children_of`` / ``descendants_of`` read /proc (multiprocessing's resource tracker left out);
-  ``shm_entries`` / ``open_fds`` list what the leak check compares; ``_creator_pid`` reads the creator's pid
+  ``shm_entries`` / ``open_fds`` list what the leak check compares; ``creator_pid`` reads the creator's pid
   from a segment's name. All of these are cheap reads of /proc and /dev/shm, called by monitors, not data paths.
 - ``percentiles``: p50 / p99 / max by rank (nearest rank, no interpolation).
 """
@@ -26,18 +26,18 @@ HANG_S = 30.0  # an outcome not reached within this long after the previous sign
 START_TIMEOUT_S = 120.0
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """SIGKILL this process when its parent (the soak) dies, so an interrupted soak leaves nothing running."""
     import ctypes
 
     ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """The process's start time (field 22 of /proc/pid/stat): tells a live pid from a reused one."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -113,7 +113,7 @@ def descendants_of(pid: int) -> set[int]:
     return out
 
 
-def _creator_pid(segment: str) -> int | None:
+def creator_pid(segment: str) -> int | None:
     """hotloop-<namespace>-<creator pid>-...: the process that created a /dev/shm segment."""
     try:
         return int(segment.split("-")[2])

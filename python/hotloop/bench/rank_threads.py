@@ -2,7 +2,7 @@
 node's CPUs (hotloop's default, executors/worker.py: rank_threads) against torch's default of every CPU in every
 rank (OMP_NUM_THREADS set to the CPU count), alternated; single-stream decode tok/s, medians over the rounds.
 
-    python benchmarks/python/rank_threads.py [TP] [ROUNDS]
+    python -m hotloop.bench.rank_threads [TP] [ROUNDS]
 """
 
 import os
@@ -52,8 +52,8 @@ def main():
     for r in range(rounds):
         for arm, extra in arms.items():
             env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | extra
-            out = subprocess.run([sys.executable, __file__, "--child", str(tp)], env=env, capture_output=True,
-                                 text=True, check=True)
+            out = subprocess.run([sys.executable, "-m", "hotloop.bench.rank_threads", "--child", str(tp)], env=env,
+                                 capture_output=True, text=True, check=True)
             got[arm].append(float(out.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1} {arm}: {got[arm][-1]:.0f} tok/s", file=sys.stderr)
     base = statistics.median(got["every CPU per rank"])
