@@ -396,11 +396,9 @@ def main(argv=None) -> int:
         return _driver(args)
     data, text = run(quick=args.quick, rounds=args.rounds, requests=args.requests, tokens=args.tokens,
                      seed=args.seed)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=2, default=float)
-    return 0
+    from hotloop.bench.report import print_result
+
+    return print_result("vllm-omni", data, text, args.json)
 
 
 if __name__ == "__main__":

@@ -844,7 +844,6 @@ _SHORT = {"spin": "always spin", "park": "always park", "default": "default (spi
 
 def main(argv=None) -> int:
     import argparse
-    import json
 
     ap = argparse.ArgumentParser(prog="python -m hotloop.bench.queue_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=["periodic"], help="run one section alone (default: every section)")
@@ -869,15 +868,9 @@ def main(argv=None) -> int:
         text = Report([t])
     else:
         data, text = run(not args.full, args.runs or 5)
-    print(text)
-    from hotloop.bench.report import verdict_line
+    from hotloop.bench.report import print_result
 
-    for v in data["goals"]:
-        print(verdict_line("queue", v))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-    return 0
+    return print_result("queue", data, text, args.json)
 
 
 if __name__ == "__main__":

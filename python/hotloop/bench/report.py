@@ -4,6 +4,7 @@ record."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import statistics
@@ -206,6 +207,18 @@ def verdict_line(bench: str, v: dict) -> str:
     """One line of the verdict: 'NOT met  wait: <goal>: <measured>'."""
     goal, measured = verdict_text(v)
     return f"{verdict_word(v):12s} {bench}: {goal}: {measured}"
+
+
+def print_result(bench: str, data: dict, text, json_path: str | None = None) -> int:
+    """What a benchmark's ``python -m`` entry prints last: its text, a verdict line per goal in ``data["goals"]``,
+    and ``data`` as JSON into `json_path` when given. Returns 0 (the exit status)."""
+    print(text)
+    for v in data.get("goals", []):
+        print(verdict_line(bench, v))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(data, f, indent=2, default=float)
+    return 0
 
 
 class Proc(NamedTuple):

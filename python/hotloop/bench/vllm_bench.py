@@ -815,11 +815,9 @@ def main(argv=None) -> int:
     tps = tuple(int(t) for t in args.tp_sizes.split(",")) if args.tp_sizes else None
     data, text = run(quick=args.quick, rounds=args.rounds, tps=tps, seed=args.seed, plot_path=args.plot,
                      device=args.device, online=args.online, arms=args.arms.split(",") if args.arms else None)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=2, default=float)
-    return 0
+    from hotloop.bench.report import print_result
+
+    return print_result("vllm", data, text, args.json)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import multiprocessing as mp
 import os
 import time
 
-from hotloop.bench.report import Goal, check_goals, fmt, median, percentile, table, verdict_line
+from hotloop.bench.report import Goal, check_goals, fmt, median, percentile, print_result, table
 
 CTX = mp.get_context("fork")
 ARMS = ("vllm", "hotloop", "hotloop-direct")
@@ -144,10 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int)
     args = ap.parse_args(argv)
     data, text = run(args.quick, args.runs)
-    print(text)
-    for g in data["goals"]:
-        print(verdict_line("vllm-broadcast", g))
-    return 0
+    return print_result("vllm-broadcast", data, text)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from hotloop.bench.report import Report, percentile, table, verdict_line
+from hotloop.bench.report import Report, percentile, print_result, table
 from hotloop.testing.netns import Nodes
 from hotloop.testing.ray_cluster import RayCluster
 
@@ -318,13 +318,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     data, text = run(not args.full, args.cuts, args.vllm_cuts)
-    print(text)
-    for g in data["goals"]:
-        print(verdict_line("vllm-ray", g))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=2, default=float)
-    return 0
+    return print_result("vllm-ray", data, text, args.json)
 
 
 if __name__ == "__main__":
