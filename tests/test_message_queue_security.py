@@ -203,3 +203,24 @@ def test_handle_repr_hides_the_keys():
         text = repr(h)
         assert h.remote_server_key.decode() not in text
         assert all(k.decode() not in text for pair in h.remote_client_keys for k in pair)
+
+
+def test_a_handle_with_keys_zeromq_refuses_fails_at_once_and_hangs_nothing(tmp_path):
+    # the reader in a process of its own, where it is the ZeroMQ context's only user: before the fix its socket
+    # was left open when the keys were refused, and the context's term() waited for it forever
+    import dataclasses
+    import pickle
+    import subprocess
+    import sys
+
+    with MessageQueue(2, 1, connect_ip="127.0.0.1") as w:
+        bad = dataclasses.replace(w.export_handle(), remote_client_keys=((b"~" * 40, b"~" * 40),))
+        (tmp_path / "handle").write_bytes(pickle.dumps(bad))
+        code = ("import pickle, sys\nfrom hotloop import MessageQueue\n"
+                "h = pickle.load(open(sys.argv[1], 'rb'))\n"
+                "try:\n    MessageQueue.create_from_handle(h, 1)\n"
+                "except Exception as e:\n    print('raised', type(e).__name__, e)\n")
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "handle")], capture_output=True,
+                              text=True, timeout=30)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("raised "), (done.stdout, done.stderr[-2000:])

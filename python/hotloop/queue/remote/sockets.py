@@ -77,8 +77,12 @@ def reader_socket(ctx: zmq.Context, server_public: bytes, client_keys: tuple[byt
     """A reader's SUB socket, not yet connected: its rank's CurveZMQ client keys, the writer's server key (the
     handshake fails against any other server), no linger, the peer timeout (``keepalive``)."""
     sock = ctx.socket(zmq.SUB)
-    sock.curve_serverkey = server_public
-    sock.curve_publickey, sock.curve_secretkey = client_keys
-    sock.setsockopt(zmq.LINGER, 0)
-    keepalive(sock)
+    try:
+        sock.curve_serverkey = server_public
+        sock.curve_publickey, sock.curve_secretkey = client_keys
+        sock.setsockopt(zmq.LINGER, 0)
+        keepalive(sock)
+    except BaseException:  # keys ZeroMQ refuses (not z85): a socket left open would hold the context's term()
+        sock.close(linger=0)
+        raise
     return sock
