@@ -7,7 +7,10 @@ Contract:
   ring). Readers block in ``dequeue`` and check every message: none lost, none duplicated, in order, checksum
   good. The writer counts what ``enqueue`` accepted in a file that survives its SIGKILL.
 - One kill per generation (``targets()`` offers none once one hit), so its survivors' errors are unambiguous:
-  the writer's DeadPeerError for a dead reader, the readers' for a dead writer. When every process of the
+  the writer's DeadPeerError for a dead reader, the readers' for a dead writer, and, when the reader killed was
+  its node's relay (remote readers of a node share one stream: ``queue/relay.py``), the DeadPeerError of the
+  node's other readers, whose tail the relay had not yet written is counted as in flight, not lost (documented
+  there). When every process of the
   generation ended (or HANG_S passed: hung, killed, counted), ``_account`` adds the readers' counts to
   ``totals`` and reports every loss, duplicate, reordering or unexpected error as a finding.
 - A controller thread per group runs the generations; ``stop()`` ends the current one cleanly (the writer shuts
@@ -180,6 +183,13 @@ def _proxy_main(netns: str, port: int, writer_ip: str, conn) -> None:
                       ready=lambda: conn.send("ready")))
 
 
+def _lost_its_relay(report: dict, killed) -> bool:
+    """Whether a remote reader ended because the reader killed this generation was its node's relay: its
+    DeadPeerError names that process as the writer of the node's ring (``hotloop-node-...``)."""
+    return (killed is not None and report["end"] == "dead_peer" and "/hotloop-node-" in report["error"]
+            and f"(pid {killed.pid})" in report["error"])
+
+
 @dataclass
 class ReaderTotals:
     sent: int = 0
@@ -189,6 +199,7 @@ class ReaderTotals:
     ooo: int = 0
     bad: int = 0
     inflight_at_writer_kill: int = 0  # remote tail a killed writer never sent (documented: ZeroMQ sends later)
+    inflight_at_relay_kill: int = 0  # tail a killed relay had not written into its node's ring (documented)
     cut_off_tail: int = 0  # what a partitioned reader never received after its node was cut off (not lost)
     generations: int = 0
 
@@ -531,11 +542,14 @@ class QueueGroup:
             if r is None:
                 unexpected(f"reader r{rank} exited (code {p.exitcode}) without a report")
                 continue
+            relay_killed = _lost_its_relay(r, readers[reader_killed] if reader_killed is not None else None)
             if writer_killed:
                 if r["end"] == "dead_peer":
                     kill.detected_s.append(r["t"] - kill.t)
                 else:
                     unexpected(f"reader r{rank} ended with {r['end']} after its writer was killed: {r['error']}")
+            elif relay_killed:
+                pass  # documented: a dead relay is a dead peer for every rank behind it (queue/relay.py)
             elif rank == reader_cut:
                 if r["end"] == "dead_peer":
                     partition.detected_s["reader"] = r["t"] - partition.t
@@ -543,7 +557,7 @@ class QueueGroup:
                     unexpected(f"reader r{rank} ended with {r['end']} after its node was cut off: {r['error']}")
             elif r["end"] != "closed":
                 unexpected(f"reader r{rank} ended with {r['end']}: {r['error']}")
-            per_rank[rank] = self._count_reader(tag, cause, rank, r, sent, writer_killed, reader_cut)
+            per_rank[rank] = self._count_reader(tag, cause, rank, r, sent, writer_killed, reader_cut, relay_killed)
         for p in [writer, *readers]:
             killed = (p is writer and writer_killed) or (reader_killed is not None and p is readers[reader_killed])
             if not killed and p not in hung and p.exitcode not in (0, None):
@@ -582,7 +596,8 @@ class QueueGroup:
         if w_report is not None and w_report["sent"] != sent:
             unexpected(f"the writer reports {w_report['sent']} sent, its counter {sent}")
 
-    def _count_reader(self, tag, cause, rank, r, sent, writer_killed, reader_cut) -> tuple[int, int, int]:
+    def _count_reader(self, tag, cause, rank, r, sent, writer_killed, reader_cut,
+                      relay_killed=False) -> tuple[int, int, int]:
         """Adds a surviving reader's report to its rank's totals and reports its losses; (lost, duplicated, out of
         order)."""
         tail = sent - (r["max_seq"] + 1)  # -1: the writer died between an enqueue and its counter update
@@ -596,6 +611,8 @@ class QueueGroup:
         lost = r["gaps"]
         if tail > 0 and writer_killed and rank >= self.n_local:
             t.inflight_at_writer_kill += tail
+        elif tail > 0 and relay_killed:
+            t.inflight_at_relay_kill += tail
         elif tail > 0 and rank == reader_cut:
             t.cut_off_tail += tail
         elif tail > 0:
