@@ -61,3 +61,45 @@ def test_a_wrong_token_is_refused_and_the_right_one_still_gets_in():
     watcher.close()
     thread.join(5)
     assert lost == [None]
+
+
+def test_vllm_ray_executor_lost_rank_fails_the_engine_wait_once_and_kills_the_actors():
+    """hotloop.vllm.ray_liveness's verdict on a lost rank, on a stand-in executor: the engine core's wait for the
+    step's answer ends with DeadPeerError naming the rank and node, every actor is killed, vLLM's failure callback
+    runs once; nothing happens once the executor is shutting down."""
+    import types
+
+    import pytest
+
+    pytest.importorskip("ray")
+    from hotloop._core import DeadPeerError
+    from hotloop.vllm import ray_liveness
+    from hotloop.vllm.message_queue import MessageQueue
+
+    writer = MessageQueue(1, 1)
+    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
+    calls, killed = [], []
+    actors = [types.SimpleNamespace(rank=r, actor=f"actor{r}") for r in range(2)]
+    executor = types.SimpleNamespace(shutting_down=False, is_failed=False, response_mqs=[reader],
+                                     ray_worker_handles=actors, failure_callback=lambda: calls.append("failed"))
+    links = ray_liveness._Links()
+    links.where[1] = "Ray node abc at 10.0.0.2"
+    links.executor = executor
+    import ray
+
+    real_kill, ray.kill = ray.kill, killed.append
+    try:
+        links._lost(1, "its node did not answer for 3 s")
+        links._lost(1, "again")  # the first verdict stands: not failed twice
+    finally:
+        ray.kill = real_kill
+    assert executor.is_failed and calls == ["failed"]
+    assert killed == ["actor0", "actor1"]
+    with pytest.raises(DeadPeerError, match=r"rank 1 \(Ray node abc at 10.0.0.2\): its node did not answer"):
+        reader.dequeue(timeout=5)
+
+    late = ray_liveness._Links()
+    late.executor = types.SimpleNamespace(shutting_down=True, is_failed=False, failure_callback=None)
+    late._lost(0, "late")  # a link that ends during vLLM's own shutdown is not a failure
+    assert not late.executor.is_failed
+    writer.close()

@@ -19,8 +19,9 @@ Contract:
 - A rank whose link to the executor ends (the executor's node is cut off, its process died, or it shut down)
   ends its own process at once, wherever its threads are blocked: nothing of the engine is left on a node the
   executor cannot reach.
-- ``install()`` patches ``RayWorkerHandle.run``, ``RayExecutorV2.start_worker_monitor`` and
-  ``RayExecutorV2.shutdown`` where vLLM's Ray executor module is loaded (``uninstall()`` puts them back). The
+- ``install()`` patches ``RayWorkerHandle.run``, ``RayExecutorV2._init_executor`` (a start that fails closes
+  the links it opened), ``start_worker_monitor`` and ``shutdown`` where vLLM's Ray executor module is loaded
+  (``uninstall()`` puts them back). The
   executor's process is the engine core's, which loads ``vllm.v1.executor.ray_executor_v2`` before the plugin
   when that executor is configured; hotloop's MessageQueue installs this too when the executor builds its queue.
 """
@@ -71,6 +72,7 @@ class _Links:
         self.watcher = liveness.LinkWatcher(self._lost)
         self.where: dict[int, str] = {}
         self.executor = None
+        self.failed = False
 
     def add(self, handle) -> None:
         """Open rank ``handle.rank``'s link (before its ``run`` is queued on the actor)."""
@@ -92,8 +94,9 @@ class _Links:
         import ray
 
         ex = self.executor
-        if ex is None or getattr(ex, "shutting_down", False):
-            return
+        if ex is None or getattr(ex, "shutting_down", False) or self.failed:
+            return  # the first rank lost names the failure; the rest of its node follows it
+        self.failed = True
         reason = f"rank {rank} ({self.where.get(rank, 'unknown node')}): {why}; vLLM's engine cannot run more steps"
         log.error("hotloop: %s", reason)
         ex.is_failed = True
@@ -112,6 +115,25 @@ class _Links:
 
     def close(self) -> None:
         self.watcher.close()
+
+
+def _init_executor(original):
+    def init_executor(executor):
+        global _starting
+        with _lock:
+            stale, _starting = _starting, None  # an earlier executor's start that failed half-way
+        if stale is not None:
+            stale.close()
+        try:
+            original(executor)
+        except BaseException:
+            with _lock:
+                links, _starting = _starting, None
+            if links is not None:
+                links.close()  # the ranks that were linked exit; vLLM's own clean-up kills the rest
+            raise
+
+    return init_executor
 
 
 def _run(original):
@@ -160,6 +182,7 @@ def install() -> bool:
     with _lock:
         if _patches:
             return True
+        _patches.set(mod.RayExecutorV2, "_init_executor", _init_executor(mod.RayExecutorV2._init_executor))
         _patches.set(mod.RayWorkerHandle, "run", _run(mod.RayWorkerHandle.run))
         _patches.set(mod.RayExecutorV2, "start_worker_monitor", _start_worker_monitor(mod.RayExecutorV2.start_worker_monitor))
         _patches.set(mod.RayExecutorV2, "shutdown", _shutdown(mod.RayExecutorV2.shutdown))
