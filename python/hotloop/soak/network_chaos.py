@@ -13,7 +13,9 @@ Contract:
   - ``delay 20 ms +- 5 ms``: the node's delay proxy switched on for 3-8 s (proxied ranks only).
 - ``NetworkChaos.run(until)`` runs on the soak's event loop next to ``Chaos``: every ~``mean_interval_s``
   (exponential, at least 1 s) one fault on one free rank (``QueueGroup.net_targets``: a live generation with no
-  fault on it; process chaos leaves a group alone while a fault is on it). The first ``len(KINDS)`` faults cover
+  fault on it, and none healed on its node within ``bound_s``: two short cuts a second apart are one long cut to
+  TCP, whose retransmission due between them falls into the second; process chaos leaves a group alone while a
+  fault is on it). The first ``len(KINDS)`` faults cover
   every kind once, in a seeded order; a kind with no free rank is retried at the next turn. No partition starts
   within ``bound_s + 5`` s of the end, so every one can be seen. The ``nft`` calls run in a thread; the loop
   sleeps only between faults and for a fault's planned length.
@@ -80,6 +82,10 @@ class NetworkChaos:
         self.bound_s, self.mean_interval_s = bound_s, mean_interval_s
         self.faults: list[NetFault] = []
         self._tasks: set[asyncio.Task] = set()
+        # (group, generation, rank) -> when its node may take the next fault: bound_s after the last one healed,
+        # once TCP's retransmission backoff from it has settled (two short cuts a second apart add up to one
+        # cut longer than the peer timeout: the retransmission due between them falls into the second)
+        self._quiet_until: dict[tuple[int, int, int], float] = {}
 
     async def run(self, until: float):
         rng = self.rng
@@ -98,8 +104,10 @@ class NetworkChaos:
                 if todo:
                     continue
                 kind = rng.choice(KINDS[1:])
+            now = time.monotonic()
             free = [(g, gen, rank) for g in self.groups for gen, rank in g.net_targets()
-                    if kind != DELAY or self.nodes.proxied(g.wid, rank)]
+                    if (kind != DELAY or self.nodes.proxied(g.wid, rank))
+                    and self._quiet_until.get((g.wid, gen, rank), 0.0) <= now]
             if not free:
                 continue  # retried at the next turn
             if todo:
@@ -153,4 +161,5 @@ class NetworkChaos:
                     await asyncio.to_thread(nodes.heal, g.wid, rank)
             except Exception as e:
                 fault.errors.append(f"healing it failed: {e!r}")
+            self._quiet_until[(g.wid, gen, rank)] = time.monotonic() + self.bound_s
             g.end_fault(fault)
