@@ -34,7 +34,6 @@ import secrets
 import sys
 import threading
 
-from hotloop.engine.executors import liveness
 from hotloop.vllm.class_patches import ClassPatches
 
 MODULE = "vllm.v1.executor.ray_executor_v2"
@@ -49,6 +48,8 @@ def hold_engine_link(actor, token: bytes, timeout: float) -> tuple[str, int]:
     """On a rank's actor (``__ray_call__``): listen for the executor's link on this node's Ray address, hold it in
     a daemon thread, and end this process once it is lost. Returns (address, port)."""
     import ray
+
+    from hotloop.engine.executors import liveness
 
     ip = ray.util.get_node_ip_address()
     listener = liveness.listen(ip)
@@ -69,6 +70,8 @@ class _Links:
     """The liveness links of one RayExecutorV2, one per rank."""
 
     def __init__(self):
+        from hotloop.engine.executors import liveness  # (hotloop.engine needs torch, which vLLM brings)
+
         self.watcher = liveness.LinkWatcher(self._lost)
         self.where: dict[int, str] = {}
         self.executor = None
@@ -87,8 +90,10 @@ class _Links:
     def start(self, executor) -> None:
         self.executor = executor
         self.watcher.start()
+        from hotloop.queue.remote import peer_timeout_s
+
         log.info("hotloop: vLLM's Ray executor holds a liveness link with each of its %d ranks (peer timeout %d s, "
-                 "HOTLOOP_PEER_TIMEOUT_S) in process %d", len(self.where), liveness.peer_timeout_s(), os.getpid())
+                 "HOTLOOP_PEER_TIMEOUT_S) in process %d", len(self.where), peer_timeout_s(), os.getpid())
 
     def _lost(self, rank: int, why: str) -> None:
         import ray
