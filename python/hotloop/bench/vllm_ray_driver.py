@@ -62,7 +62,10 @@ async def main(model: str, tp: int) -> None:
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
         model=model, tensor_parallel_size=tp, distributed_executor_backend="ray", dtype="float32",
         max_model_len=1024, max_num_seqs=16, seed=0, enforce_eager=True))
-    core = [p for p in _children(os.getpid()) if "EngineCore" in _cmdline(p) or "VLLM" in _cmdline(p)]
+    from hotloop.bench.report import cmdline, processes
+
+    core = [pid for pid, proc in processes().items() if proc.ppid == os.getpid()
+            and any(word in (cmdline(pid) or b"") for word in (b"EngineCore", b"VLLM"))]
     say(ready=True, workers=sorted(await engine.collective_rpc(where), key=lambda w: w["rank"]),
         engine_core=core[0] if core else None)
 
@@ -105,27 +108,6 @@ async def main(model: str, tp: int) -> None:
     t0 = time.monotonic()
     engine.shutdown()
     say(shutdown_s=time.monotonic() - t0)
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, ValueError):
-                pass
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 if __name__ == "__main__":
