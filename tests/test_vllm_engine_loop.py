@@ -263,10 +263,13 @@ def test_timeline_hops_split_each_requests_time_to_first_token():
 # ---- the paced wait (step_wait.py, engine_loop.py) ----
 
 def _attached_policy(n_reader, n_local_reader, rank, policy=None):
-    """The policy reader `rank` of a fresh queue attaches with."""
+    """The policy reader `rank` of a fresh queue waits with once it has read a message."""
     writer = MessageQueue(n_reader, n_local_reader, max_chunk_bytes=1 << 16)
     try:
         reader = MessageQueue.create_from_handle(writer.export_handle(), rank, policy=policy)
+        writer.wait_until_ready(10)
+        writer.enqueue("step")
+        assert reader.dequeue(timeout=10) == "step"
         reader.close()
         return reader._policy
     finally:
@@ -274,8 +277,13 @@ def _attached_policy(n_reader, n_local_reader, rank, policy=None):
 
 
 def test_shared_memory_readers_wait_paced_by_default_and_the_setting_turns_it_off(monkeypatch):
+    """Where the model is off the host and each process has a core (step_wait.choose's paced case)."""
+    from hotloop.vllm import step_wait
+
     monkeypatch.delenv("HOTLOOP_VLLM_PACED", raising=False)
     monkeypatch.delenv("HOTLOOP_VLLM_YIELD_US", raising=False)
+    monkeypatch.setattr(step_wait, "model_on_host", lambda: False)
+    monkeypatch.setattr(step_wait, "HOST_CORES", 8)
     assert _attached_policy(1, 1, 0).paced
     assert not _attached_policy(1, 0, 0).paced, "a network reader keeps its own policy (it parks at once)"
     assert not _attached_policy(1, 1, 0, WaitPolicy()).paced, "a policy passed in is used as given"

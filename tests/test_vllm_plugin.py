@@ -170,6 +170,9 @@ def test_tp2_greedy_tokens_match_vllms_own_queue_and_loop_and_killed_processes_a
         d = Driver(2, arm, model)
         try:
             assert d.queue_class == [VLLM_QUEUE if arm == "vllm" else HOTLOOP_QUEUE]
+            # the readers' default wait on the CPU build (step_wait.choose): a 1 ms yield budget in every worker
+            want = [] if arm == "vllm" else [["yield", 1000.0]]
+            assert [[w[:2] for w in worker] for worker in d.reader_wait] == [want, want], d.reader_wait
             out = d.generate(4, max_tokens=24)
             assert "error" not in out, out
             tokens[arm] = out["token_ids"]

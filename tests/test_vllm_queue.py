@@ -432,7 +432,9 @@ def test_step_paced_wait_is_off_unless_asked_and_checks_its_setting(monkeypatch)
     from hotloop.vllm import step_wait
 
     monkeypatch.delenv("HOTLOOP_VLLM_YIELD_US", raising=False)
-    assert step_wait.cap_us() == 0.0
+    monkeypatch.delenv("HOTLOOP_VLLM_PACED", raising=False)
+    monkeypatch.setattr(step_wait, "model_on_host", lambda: False)  # a GPU platform's rule: no yield budget
+    assert step_wait.cap_us() is None
     q = MessageQueue(1, 1)
     r = MessageQueue.create_from_handle(q.export_handle(), 0)
     q.enqueue(_step(0))
@@ -446,3 +448,69 @@ def test_step_paced_wait_is_off_unless_asked_and_checks_its_setting(monkeypatch)
         with pytest.raises(ValueError, match="HOTLOOP_VLLM_YIELD_US"):
             MessageQueue.create_from_handle(q.export_handle(), 0)
         q.close()
+
+
+def test_the_readers_wait_follows_the_host_rule_and_every_switch_overrides_it(monkeypatch):
+    """step_wait.choose: vLLM's CPU platform (the model on the host's cores) -> a 1 ms yield budget; the model off
+    the host -> paced with a core per process, plain where the engine core and workers outnumber the cores;
+    HOTLOOP_VLLM_YIELD_US, then HOTLOOP_VLLM_PACED, override it."""
+    from hotloop.vllm import step_wait
+
+    monkeypatch.delenv("HOTLOOP_VLLM_YIELD_US", raising=False)
+    monkeypatch.delenv("HOTLOOP_VLLM_PACED", raising=False)
+    choose = step_wait.choose
+    for workers, cores in ((1, 2), (2, 2), (1, 64), (8, 64)):
+        wait = choose(workers, on_host=True, cores=cores)  # the CPU build, whatever the host's size
+        assert (wait.kind, wait.cap_us) == ("yield", step_wait.HOST_COMPUTE_YIELD_US), wait
+        assert wait.policy() is None  # the budget's park phase is the plain wait
+    assert choose(1, on_host=False, cores=2).kind == "paced"  # engine core + 1 worker on 2 cores
+    assert choose(7, on_host=False, cores=8).kind == "paced"
+    assert choose(2, on_host=False, cores=2).kind == "plain"  # 3 processes, 2 cores
+    assert choose(4, on_host=False, cores=2).kind == "plain"
+    assert choose(1, on_host=False, cores=2).policy().paced
+    assert "outnumber" in choose(2, on_host=False, cores=2).why
+    monkeypatch.setenv("HOTLOOP_VLLM_PACED", "1")
+    assert choose(2, on_host=True, cores=2).kind == "paced"
+    monkeypatch.setenv("HOTLOOP_VLLM_PACED", "0")
+    assert choose(1, on_host=False, cores=8).kind == "plain"
+    assert choose(1, on_host=True, cores=8).why == "HOTLOOP_VLLM_PACED=0"
+    monkeypatch.setenv("HOTLOOP_VLLM_YIELD_US", "250")  # the budget wins over PACED
+    assert (choose(1, on_host=False, cores=8).kind, choose(1, on_host=False, cores=8).cap_us) == ("yield", 250.0)
+    monkeypatch.setenv("HOTLOOP_VLLM_YIELD_US", "0")  # no budget: PACED decides
+    assert choose(2, on_host=True, cores=2).kind == "plain"
+    monkeypatch.delenv("HOTLOOP_VLLM_PACED")
+    assert choose(2, on_host=True, cores=2).kind == "paced"
+    monkeypatch.setenv("HOTLOOP_VLLM_PACED", "maybe")
+    with pytest.raises(ValueError, match="HOTLOOP_VLLM_PACED"):
+        choose(1, on_host=True, cores=2)
+
+
+@pytest.mark.parametrize("on_host, cores, kind", [(True, 2, "yield"), (False, 2, "plain"), (False, 64, "paced")])
+def test_a_reader_takes_the_hosts_wait_at_its_first_read(monkeypatch, on_host, cores, kind):
+    """As in vLLM's engine core: the step broadcast to two local workers is written here, then a worker's answer
+    queue (one reader) is read. Its reader counts this process's deployment (the broadcast's two workers, the
+    cores its writer stamped) when it first reads, and loses nothing while it does."""
+    from hotloop.vllm import step_wait
+
+    monkeypatch.delenv("HOTLOOP_VLLM_YIELD_US", raising=False)
+    monkeypatch.delenv("HOTLOOP_VLLM_PACED", raising=False)
+    monkeypatch.setattr(step_wait, "model_on_host", lambda: on_host)
+    monkeypatch.setattr(step_wait, "HOST_CORES", cores)
+    monkeypatch.setattr(vmq, "_deployment", {"workers": 0, "cores": 0})
+    monkeypatch.setattr(step_wait, "chosen", [])
+    broadcast = MessageQueue(2, 2)
+    assert broadcast.export_handle().host_cores == cores
+    answers = MessageQueue(1, 1)
+    r = MessageQueue.create_from_handle(answers.export_handle(), 0)
+    assert step_wait.chosen == []  # not decided at attach: the process may not have seen its broadcast yet
+    for i in range(3):
+        answers.enqueue(_step(i))
+    assert [r.dequeue(timeout=5)[1][0]["step"] for _ in range(3)] == [0, 1, 2]
+    [(name, wait)] = step_wait.chosen
+    assert (name, wait.kind) == (r.name, kind), wait
+    assert r._paced.cap_s == (step_wait.HOST_COMPUTE_YIELD_US / 1e6 if kind == "yield" else 0.0)
+    assert r._policy.paced == (kind == "paced")
+    assert r._paced.park_policy is r._policy
+    r.close()
+    answers.close()
+    broadcast.close()

@@ -145,6 +145,13 @@ def _check_worker_queue(_worker=None):
     return f"{mod.MessageQueue.__module__}.{mod.MessageQueue.__qualname__}"
 
 
+def _check_reader_wait(_worker=None):
+    """Runs in each worker (collective_rpc): the waits its shared-memory readers chose (hotloop.vllm.step_wait:
+    kind, cap in us, why), [] on vLLM's own queue."""
+    step_wait = sys.modules.get("hotloop.vllm.step_wait")
+    return [(w.kind, w.cap_us, w.why) for _name, w in step_wait.chosen] if step_wait else []
+
+
 def _check_sim_device(_worker=None):
     """Runs in each worker (collective_rpc): the simulated device's step times and TP rank, or None when the model
     computes for real."""
@@ -170,7 +177,8 @@ def _driver(args) -> int:
     llm = LLM(model=args.model, tensor_parallel_size=args.tp, distributed_executor_backend="mp", dtype="float32",
               max_model_len=512, max_num_seqs=16, seed=0, enforce_eager=True, gpu_memory_utilization=0.5)
     queue_class = sorted(set(llm.collective_rpc(_check_worker_queue)))
-    say(ready=True, pid=os.getpid(), queue_class=queue_class, sim_device=llm.collective_rpc(_check_sim_device))
+    say(ready=True, pid=os.getpid(), queue_class=queue_class, sim_device=llm.collective_rpc(_check_sim_device),
+        reader_wait=llm.collective_rpc(_check_reader_wait))
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "generate":
@@ -195,9 +203,11 @@ def arm_env(tp: int, arm: str, device: str = "cpu") -> dict:
     """The environment of a driver process of `arm` at tensor parallel size `tp`, on vLLM's CPU build (`device`
     "cpu") or on the simulated device ("sim": HOTLOOP_VLLM_SIM_DEVICE, its value kept if already set)."""
     sim = {"HOTLOOP_VLLM_SIM_DEVICE": os.environ.get("HOTLOOP_VLLM_SIM_DEVICE") or "1"} if device == "sim" else {}
-    return dict(os.environ, **sim, HOTLOOP_VLLM="0" if arm.startswith("vllm") else "1",
+    # the readers' wait: the plain arms' forced, the others' the host's default (step_wait.choose) unless the
+    # bench's own environment sets it
+    plain = {"HOTLOOP_VLLM_PACED": "0"} if arm.endswith("-plain") else {}
+    return dict(os.environ, **sim, **plain, HOTLOOP_VLLM="0" if arm.startswith("vllm") else "1",
                 VLLM_USE_SPINLOOP_EXT="1" if arm == "vllm+spinloop" else "0",
-                HOTLOOP_VLLM_PACED="0" if arm.endswith("-plain") else os.environ.get("HOTLOOP_VLLM_PACED", "1"),
                 HOTLOOP_VLLM_LOOP="1" if arm.startswith("hotloop+loop") else "0", HOTLOOP_VLLM_TIMELINE="1",
                 VLLM_CPU_KVCACHE_SPACE="1",
                 VLLM_CPU_OMP_THREADS_BIND=BIND.get(tp, "auto"), TOKENIZERS_PARALLELISM="false",
@@ -210,7 +220,8 @@ class Driver:
     """The bench side of a driver process: start, send bursts, read results, stop."""
 
     def __init__(self, tp: int, arm: str, model: str, env_extra: dict | None = None):
-        env = {**arm_env(tp, arm), **(env_extra or {})}
+        """env_extra: variables set in the driver's environment over the arm's; a value None removes one."""
+        env = {k: v for k, v in {**arm_env(tp, arm), **(env_extra or {})}.items() if v is not None}
         self.tp, self.arm = tp, arm
         self.log = open(os.devnull, "w") if not os.environ.get("HOTLOOP_BENCH_VERBOSE") else None
         self.proc = subprocess.Popen([sys.executable, "-m", "hotloop.bench.vllm_bench", "--driver", "--tp", str(tp),
@@ -220,6 +231,7 @@ class Driver:
         self.pid = self.proc.pid
         self.queue_class = ready["queue_class"]
         self.sim_device = ready["sim_device"]  # per worker: the simulated device's figures, or None
+        self.reader_wait = ready["reader_wait"]  # per worker: its readers' waits [(kind, cap_us, why)]
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -446,14 +458,14 @@ def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: st
         raise RuntimeError(f"vLLM driver TP={tp} arm {arm} failed (code {p.returncode}); rerun with "
                            "HOTLOOP_BENCH_VERBOSE=1 to see its log")
     res = json.loads(p.stdout.strip().splitlines()[-1])
-    _check_queue_class(arm, res.pop("queue_class"))
+    check_queue_class(arm, res.pop("queue_class"))
     sim = res.pop("sim_device")
     if (device == "sim") != all(sim) or (device == "sim" and sorted(w["rank"] for w in sim) != list(range(tp))):
         raise RuntimeError(f"TP={tp} arm {arm}: asked for device {device!r}, the workers' simulated devices are {sim}")
     return res
 
 
-def _check_queue_class(arm: str, found: list[str]) -> None:
+def check_queue_class(arm: str, found: list[str]) -> None:
     want = "hotloop.vllm.message_queue.MessageQueue" if not arm.startswith("vllm") else \
         "vllm.distributed.device_communicators.shm_broadcast.MessageQueue"
     if found != [want]:
@@ -530,7 +542,14 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
         data["sim_device_us"] = requested() or sim_spec()
     full = set(arms) >= set(arms_for(device))
     data["goals"] = (goals_sim(data, tps) if device == "sim" else goals(data, tps)) if full else []
+    if device == "cpu":  # the offline batch rows: vLLM's queue against hotloop's defaults (bench/vllm_batch.py)
+        from hotloop.bench import vllm_batch
+
+        data["batch"] = vllm_batch.run(rounds=5 * rounds, tps=tps, say=lambda _line: None)
+        data["goals"] += data["batch"]["goals"]
     text = render(data, tps, quick)
+    if device == "cpu":
+        text.append(vllm_batch.report(data["batch"]))
     if plot_path:
         text.append(_plot(data, raw, tps, plot_path))
     return data, text

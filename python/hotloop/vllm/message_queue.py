@@ -23,10 +23,11 @@ Contract:
   (where vLLM's own queue would wait until its timeout).
 - ``dequeue(timeout=None)`` without ``indefinite`` logs vLLM's "No available shared memory broadcast block"
   line every ``VLLM_RINGBUFFER_WARNING_INTERVAL`` seconds of waiting, as vLLM's queue does; the wait itself is
-  hotloop's (spin, yield, park, GIL released): an idle reader costs no CPU. A shared-memory reader waits with the
-  paced policy by default (it learns the step period, sleeps on a timer until shortly before the next message and
-  spins through it; ``HOTLOOP_VLLM_PACED=0`` turns it off; ``step_wait.py``); ``HOTLOOP_VLLM_YIELD_US`` instead
-  makes a reader yield up to that long before it parks while steps come within it (off by default).
+  hotloop's (spin, yield, park, GIL released): an idle reader costs no CPU. A shared-memory reader's wait is chosen
+  at its first read (``step_wait.choose``): on vLLM's CPU platform a 1 ms yield budget before it parks; elsewhere
+  paced (it learns the step period, sleeps on a timer until shortly before the next message and spins through
+  it) where each process has a core, plain where the engine core and workers outnumber the cores;
+  ``HOTLOOP_VLLM_PACED`` and ``HOTLOOP_VLLM_YIELD_US`` override it.
 - What differs: the ring holds 4 x min(max_chunk_bytes, RING_CHUNK_CAP) bytes (``max_chunks`` is ignored); a
   larger message is split across records instead of going over a socket. ``enable_shm_tensor_arena`` is
   ignored (tensors travel out-of-band through the ring: one copy in, one out). ``acquire_read`` lends the
@@ -54,6 +55,17 @@ log = logging.getLogger("vllm.hotloop")
 # few hundred KiB; a larger message is split across records and still read as one object.
 RING_CHUNK_CAP = 4 * 1024 * 1024 - 64
 
+# What this process has seen of its deployment, for the readers' wait (step_wait.choose): the most local readers
+# of a queue it writes or reads (the executor's step broadcast has one per worker on this host), and the most cores
+# a process of it may run on (a queue's writer stamps its own on the handle: vLLM's CPU workers narrow their
+# affinity to their OpenMP cores before they attach, the engine core does not).
+_deployment = {"workers": 0, "cores": 0}
+
+
+def _deployment_seen(local_readers: int, cores: int) -> None:
+    _deployment["workers"] = max(_deployment["workers"], local_readers)
+    _deployment["cores"] = max(_deployment["cores"], cores)
+
 _VLLM_HANDLE_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 _MIXED = ("enable hotloop's vLLM plugin in every process of the deployment or in none: set HOTLOOP_VLLM=1 in the "
           "environment vLLM starts from (workers inherit it) and, if VLLM_PLUGINS is set, list 'hotloop' in it")
@@ -69,6 +81,7 @@ class Handle:
     remote_reader_ranks: list[int]
     queue: _hl.Handle = dataclasses.field(repr=False)
     remote_subscribe_addr: str | None = None  # the writer's tcp:// address when there are remote readers
+    host_cores: int = 0  # the cores the writer's process may run on (step_wait.choose)
 
     # vLLM's own MessageQueue.create_from_handle reads these first: a clear error instead of an AttributeError.
     @property
@@ -139,10 +152,12 @@ class MessageQueue(_hl.MessageQueue):
                                  f"ranks that are not local ({local})")
         super().__init__(n_reader, n_local_reader, max_chunk_bytes=min(int(max_chunk_bytes), RING_CHUNK_CAP),
                          policy=policy, connect_ip=connect_ip if n_remote else None)
+        _deployment_seen(n_local_reader, step_wait.HOST_CORES)
         from hotloop.vllm import ray_liveness
 
         ray_liveness.install()  # vLLM's Ray executor builds its queues here, with its module loaded
-        self.handle = Handle(local, remote, self._handle, self._handle.remote_address)  # vLLM's attribute name
+        self.handle = Handle(local, remote, self._handle, self._handle.remote_address,  # vLLM's attribute name
+                             host_cores=_deployment["cores"])
         if n_remote:
             log.info("hotloop: queue %s: %d reader(s) on other nodes connect to %s (CurveZMQ; the port must be open "
                      "to their nodes)", self.name, n_remote, self._handle.remote_address)
@@ -187,12 +202,15 @@ class MessageQueue(_hl.MessageQueue):
                                  f"{handle.local_reader_ranks}, remote ranks {handle.remote_reader_ranks}); "
                                  "attach with the rank the queue was created for")
         paced = step_wait.StepPacedWait()  # first: a bad HOTLOOP_VLLM_YIELD_US fails before attaching
-        if policy is None and slot < inner.n_local_reader:
-            policy = step_wait.reader_policy()  # a shared-memory reader: paced unless HOTLOOP_VLLM_PACED=0
+        step_wait.paced_enabled()  # and a bad HOTLOOP_VLLM_PACED
+        _deployment_seen(len(handle.local_reader_ranks), handle.host_cores)
         self = super().create_from_handle(inner, slot, policy)
         paced.park_policy = self._policy  # the reader's own (a network reader's parks at once)
         self.handle = handle
         self._paced = paced
+        # a shared-memory reader without a policy of its own takes the host's rule (step_wait.choose) at its first
+        # read, when this process has seen the executor's broadcast (the host's workers and cores)
+        self._wait_undecided = policy is None and slot < inner.n_local_reader
         local = slot if slot < inner.n_local_reader else -1
         self._set_vllm_attributes(inner.n_local_reader, inner.n_reader - inner.n_local_reader, local)
         return self
@@ -228,7 +246,21 @@ class MessageQueue(_hl.MessageQueue):
                 raise DeadPeerError(self._failure) from None
             raise
 
+    def _choose_wait(self) -> None:
+        self._wait_undecided = False
+        wait = step_wait.choose(_deployment["workers"], cores=max(_deployment["cores"], step_wait.HOST_CORES))
+        if not step_wait.chosen:
+            log.info("hotloop: shared-memory readers in process %d wait %s: %s", os.getpid(),
+                     {"yield": f"with a {wait.cap_us:g} us yield budget, then park", "paced": "paced",
+                      "plain": "plainly (spin, yield, park)"}[wait.kind], wait.why)
+        step_wait.chosen.append((self.name, wait))
+        self._paced.cap_s = wait.cap_us / 1e6
+        self._use_policy(wait.policy() or self._policy)
+        self._paced.park_policy = self._policy
+
     def _dequeue(self, timeout: float | None, indefinite: bool):
+        if self._wait_undecided:
+            self._choose_wait()
         if timeout is not None or indefinite:
             return self._paced.read(super().dequeue, self._use_policy, timeout)
         interval = _warning_interval()

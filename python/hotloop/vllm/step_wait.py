@@ -1,48 +1,61 @@
-"""StepPacedWait: how a hotloop.vllm reader waits for vLLM's next step message.
+"""StepPacedWait: how a hotloop.vllm reader waits for vLLM's next step message, and which wait a reader gets.
 
 Contract:
 
-- The paced default (``reader_policy``): a shared-memory reader (a worker reading the step broadcast, the engine
-  core reading a worker's answer) waits with ``WaitPolicy(paced=True)`` unless ``HOTLOOP_VLLM_PACED=0`` (read when
-  the reader attaches) or the yield budget below is on (it replaces it). Steps come at a steady period (~1.4 ms a
+- The default (``choose(local_workers)``, once per shared-memory reader, at its first read; a network reader keeps
+  its own policy: it parks at once). Every switch overrides the rule: ``HOTLOOP_VLLM_YIELD_US`` (a number: the yield
+  budget below with that cap, 0 none; beside it ``HOTLOOP_VLLM_PACED=1`` makes its park phase paced) first, then
+  ``HOTLOOP_VLLM_PACED`` (0/1: the plain or the paced wait). With
+  neither set:
+  - **yield budget, cap 1000 us**, where the model computes on the host's cores (vLLM's CPU platform; not the
+    simulated device, which models a GPU). There the engine core and the workers take turns on the cores (a step's
+    compute, then the engine core's output processing and next schedule), and a reader that parks between steps
+    pays a wake-up per step, on a VM a halted vCPU woken through the hypervisor with its caches gone cold: vLLM's
+    spinning readers were 1.1-1.3x faster than hotloop's paced and plain waits at TP=1 batch 16. With the budget a
+    worker yields through the engine core's turn (its waits are within the cap: it takes the next broadcast without
+    a wake-up, and a runnable engine core on its core still runs first), while the engine core, whose waits are
+    the compute (above the cap at batch 16 and at TP=2), parks at once and leaves the cores to the workers. Figures:
+    ``python -m hotloop.bench.vllm_batch`` (docs/vllm.md, "On vLLM's CPU build").
+  - **plain** where the model is off the host (GPU platforms, the simulated device) but the engine core and this
+    host's workers outnumber the cores: a paced reader's spin window takes a core another process needs (the
+    simulated device at TP=2 on 2 cores: decode 1.27x vLLM's plain against 0.99x paced; docs/vllm.md).
+  - **paced** everywhere else (a core per process, the model off the host): see below.
+  The choice and its reason are logged once per process (``vllm.hotloop``, INFO) and kept in ``chosen``.
+
+- The paced wait (``WaitPolicy(paced=True)``): steps come at a steady period (~1.4 ms a
   decode step on a GPU host): the policy learns it from the time between messages, sleeps on a timer until
   shortly before the next one is due and spins through it; an early message still wakes it (a normal park wake-up),
   an idle period only parks (wait_policy.h, "Paced mode"). Measured with ``python -m hotloop.bench.queue_bench
   --only periodic --full`` (a writer process sending 64 B every 1.4 ms +-10 %, 2-vCPU VM while other jobs ran;
   medians of 5 invocations of 3 alternating runs): p50 delivery 31.0 us (26.6-37.4) at 12.7 % of a spinning
   reader's CPU, against 34.8 us (32.0-54.8) for the plain wait at 3.7 % and 14.4 us (11.7-18.0) spinning; p99 289
-  us against 801 and 567 (wait_policy.h says why a hit costs more than spinning on this VM). A network reader
-  keeps its own policy (it parks at once).
+  us against 801 and 567 (wait_policy.h says why a hit costs more than spinning on this VM).
 
 - One object per reader queue (the thread that dequeues from it). ``read(read_fn, timeout)`` calls
   ``read_fn(timeout)`` (the queue's own timed dequeue) at most twice: first with a yield budget, under a policy
   that spins 20 us then calls ``sched_yield()`` until the budget ends (the process stays runnable, so the step
   that ends the wait does not pay a wake-up); then, if nothing came, with the rest of the timeout under the
-  parking policy (spin 20 us, yield 10 us, park on the futex: ~0 CPU). No loop in Python; TimeoutError,
-  ClosedError and DeadPeerError come from ``read_fn`` as they would without it.
+  parking policy (the paced or the plain wait: spin 20 us, yield 10 us, park on the futex: ~0 CPU). No loop in
+  Python; TimeoutError, ClosedError and DeadPeerError come from ``read_fn`` as they would without it.
 - The budget is the cap (``cap_us``) while the waits' moving average (EMA, weight 1/8, samples capped at 4x the
-  cap) is within it, and 0 (park at once) when it is above: long steps (a GPU step of tens of ms) and idle
-  periods cost nothing more than a park. After an idle period the budget is spent once, then the average is
-  above the cap until steps come again. The whole cap, not a multiple of the average: on a loaded machine the
-  waits vary, and every one that outlasts the budget pays a park, a wake-up and a wait for a core (a 2x-average
-  budget measured 351 tok/s at TP=1 batch 1 where the whole cap measured 952).
-- Off unless ``HOTLOOP_VLLM_YIELD_US`` (read when the reader attaches) sets the cap in microseconds (0 or unset:
-  park at once, hotloop's default wait). Yielding pays only with a core to spare: a reader that yields on a core
-  a worker needs slows that worker (TP=2 on 2 cores: 3 processes, 2 cores).
+  cap) is within it, and 0 (park at once) when it is above: long steps (a GPU step of tens of ms, a CPU step's
+  compute) and idle periods cost nothing more than a park. After an idle period the budget is spent once, then
+  the average is above the cap until steps come again. The whole cap, not a multiple of the average: on a loaded
+  machine the waits vary, and every one that outlasts the budget pays a park, a wake-up and a wait for a core (a
+  2x-average budget measured 351 tok/s at TP=1 batch 1 where the whole cap measured 952).
 
-Why the yield budget is off by default (measured with ``hotloop bench vllm``-style runs, vLLM 0.32 CPU, tiny Llama, TP=1 batch 1,
-three 128-token bursts per engine, on a 2-vCPU VM that other jobs kept at load 6-12): a step takes ~1.1 ms, the
-engine core waits ~1 ms for the worker's answer and the worker ~0.2 ms for the next step. In one run yielding
-through waits up to 3 ms gave 950 tok/s against 790 on vLLM's spinning queue and 170 parking; in the next, 210-265
-(bursts from 150 to 680) against 680 parking and 710 on vLLM's queue. At TP=2 yielding readers were slower than
-parking ones (335-407 against 563 tok/s). Quiet (load 1-3): TP=1 batch 1 1073 tok/s yielding, 965 on vLLM's
-queue, 922 parking; TP=2 batch 1 463 yielding, 650 vLLM, 571 parking. It helps only with a core to spare, and
-the loaded runs disagree, so the default keeps the wait that costs no CPU.
+Earlier figures for a yield budget everywhere (vLLM 0.32 CPU, tiny Llama, TP=1 batch 1, a 3000 us cap, three
+128-token bursts per engine on a 2-vCPU VM that other jobs kept at load 6-12): a step takes ~1.1 ms, the engine
+core waits ~1 ms for the worker's answer and the worker ~0.2 ms for the next step. In one run yielding gave 950
+tok/s against 790 on vLLM's spinning queue and 170 parking; in the next, 210-265 against 680 parking and 710 on
+vLLM's queue: with a core per process (TP=1 here) it is not the default.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
 import time
 
 from hotloop._core import WaitPolicy
@@ -50,28 +63,51 @@ from hotloop._core import WaitPolicy
 _SPIN_US = 20.0
 
 
+# Where the rule picks the yield budget (the model on the host's cores): its cap. On the 2-vCPU VM (tiny Llama) the
+# workers' waits between steps (the engine core's turn: output processing and the next schedule) are 0.3-1 ms;
+# the engine core's (the step's compute) 2.5-7 ms at TP=2 and ~2.5 ms at TP=1 batch 16, above it: it parks.
+HOST_COMPUTE_YIELD_US = 1000.0
+# The cores this process may run on, read once when the plugin loads it (vLLM's CPU workers narrow their own
+# affinity later, when they bind their OpenMP threads).
+HOST_CORES = len(os.sched_getaffinity(0))
+_FLAG_ON, _FLAG_OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderWait:
+    """How a shared-memory reader waits: kind "paced", "plain" or "yield" (cap_us > 0), and why."""
+
+    kind: str
+    cap_us: float
+    why: str
+    park_paced: bool = False  # "yield": its park phase paced (HOTLOOP_VLLM_PACED=1 beside the budget), else plain
+
+    def policy(self) -> WaitPolicy | None:
+        """The reader's park policy (None: the queue's default, the plain wait)."""
+        return WaitPolicy(paced=True) if self.kind == "paced" or self.park_paced else None
+
+
+chosen: list[tuple[str, ReaderWait]] = []  # (queue name, its wait) for each reader attached in this process
+
+
 def paced_enabled() -> bool:
-    """Whether shared-memory readers wait with the paced policy: HOTLOOP_VLLM_PACED (default on; 0/false/no/off
-    turns it off, 1/true/yes/on or unset keeps it)."""
+    """Whether HOTLOOP_VLLM_PACED leaves the paced wait on (unset or 1/true/yes/on; 0/false/no/off turns it off).
+    The engine-core loop's wait follows this switch alone."""
     env = os.environ.get("HOTLOOP_VLLM_PACED", "").strip().lower()
-    if env in ("", "1", "true", "yes", "on"):
+    if env in ("",) + _FLAG_ON:
         return True
-    if env in ("0", "false", "no", "off"):
+    if env in _FLAG_OFF:
         return False
     raise ValueError(f"HOTLOOP_VLLM_PACED must be 0/false/no/off or 1/true/yes/on, got {env!r}")
 
 
-def reader_policy() -> WaitPolicy | None:
-    """The policy a shared-memory reader attaches with by default: paced (see the module docstring), or None
-    (the queue's default) when HOTLOOP_VLLM_PACED=0 or the yield budget is on."""
-    return WaitPolicy(paced=True) if paced_enabled() and cap_us() == 0 else None
-
-
-def cap_us() -> float:
-    """The yield budget cap (microseconds) from HOTLOOP_VLLM_YIELD_US; 0: park at once."""
+def cap_us() -> float | None:
+    """The yield budget's cap (microseconds) from HOTLOOP_VLLM_YIELD_US; 0: none; None: unset."""
     env = os.environ.get("HOTLOOP_VLLM_YIELD_US", "").strip()
+    if not env:
+        return None
     try:
-        value = float(env or 0)
+        value = float(env)
     except ValueError:
         raise ValueError(f"HOTLOOP_VLLM_YIELD_US must be a number of microseconds, got {env!r}") from None
     if not value >= 0:
@@ -79,11 +115,54 @@ def cap_us() -> float:
     return value
 
 
+def model_on_host() -> bool:
+    """Whether the model computes on this host's cores: vLLM's CPU platform, unless the simulated device
+    (HOTLOOP_VLLM_SIM_DEVICE, a GPU's timing) stands in for it."""
+    from hotloop.vllm import env_flag
+
+    if os.environ.get("HOTLOOP_VLLM_SIM_DEVICE", "").strip() and env_flag("HOTLOOP_VLLM_SIM_DEVICE") is not False:
+        return False
+    platforms = sys.modules.get("vllm.platforms")  # loaded in every vLLM process before its queues carry steps
+    if platforms is None:  # no vLLM in this process (the queue used on its own): nothing computes on the host
+        return False
+    try:
+        return bool(platforms.current_platform.is_cpu())
+    except Exception:  # a platform vLLM could not resolve: not the CPU build's known case
+        return False
+
+
+def choose(local_workers: int, on_host: bool | None = None, cores: int | None = None) -> ReaderWait:
+    """The wait of a shared-memory reader in a deployment with `local_workers` workers on this host (the module
+    docstring's rule; `on_host` and `cores` default to model_on_host() and HOST_CORES)."""
+    cap = cap_us()  # first: a bad setting fails the attach, not a step later
+    paced_env = os.environ.get("HOTLOOP_VLLM_PACED", "").strip()
+    if cap:
+        paced = bool(paced_env) and paced_enabled()
+        return ReaderWait("yield", cap, f"HOTLOOP_VLLM_YIELD_US={cap:g}" + " HOTLOOP_VLLM_PACED=1" * paced, paced)
+    if paced_env or cap == 0:
+        paced = paced_enabled()
+        why = f"HOTLOOP_VLLM_PACED={paced_env}" if paced_env else "HOTLOOP_VLLM_YIELD_US=0"
+        return ReaderWait("paced" if paced else "plain", 0.0, why)
+    on_host = model_on_host() if on_host is None else on_host
+    cores = HOST_CORES if cores is None else cores
+    processes = 1 + max(1, local_workers)
+    if on_host:
+        return ReaderWait("yield", HOST_COMPUTE_YIELD_US, "the model computes on this host's cores (vLLM's CPU "
+                          "platform): readers yield through the other side's turn, then park")
+    if processes > cores:
+        return ReaderWait("plain", 0.0, f"the engine core and {processes - 1} worker(s) outnumber this host's "
+                          f"{cores} core(s)")
+    return ReaderWait("paced", 0.0, f"a core per process ({processes} processes, {cores} cores), the model off "
+                      "the host's cores")
+
+
 class StepPacedWait:
     """The yield-then-park wait of one reader (see the module docstring)."""
 
-    def __init__(self, park_policy: WaitPolicy | None = None):
-        self.cap_s = cap_us() / 1e6  # read once: a bad HOTLOOP_VLLM_YIELD_US fails the attach, not a step
+    def __init__(self, park_policy: WaitPolicy | None = None, cap: float | None = None):
+        """cap: the yield budget's cap in microseconds (default HOTLOOP_VLLM_YIELD_US's, 0 when unset)."""
+        cap = cap_us() if cap is None else cap  # read once: a bad HOTLOOP_VLLM_YIELD_US fails the attach
+        self.cap_s = (cap or 0.0) / 1e6
         self.park_policy = park_policy if park_policy is not None else WaitPolicy()
         self.yield_policy = WaitPolicy(spin_us=_SPIN_US, yield_us=0.0)
         self.ema_s = -1.0  # no history yet: the first wait yields the whole cap
