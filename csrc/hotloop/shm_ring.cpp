@@ -69,10 +69,13 @@ void copy_parts(uint8_t* dst, const ShmRing::Part* parts, size_t n, size_t skip,
   }
 }
 
-// The start time of a live (not zombie) process in clock ticks since boot, or 0 if there is none.
+// The start time of a live (not zombie) process in clock ticks since boot, or 0 if there is none. Read from its
+// main thread's entry, /proc/PID/task/PID/stat, which the kernel fills exactly as /proc/PID/stat: qemu-user (the
+// aarch64 suite, and emulated CI builds downstream) answers /proc/self/stat and /proc/<own pid>/stat itself, with
+// a start time of its own per thread, so a queue's threads in one emulated process took each other for dead.
 uint64_t process_start_time(int pid) {
   char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  std::snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, pid);
   FILE* f = std::fopen(path, "r");
   if (f == nullptr) return 0;
   char buf[1024];
