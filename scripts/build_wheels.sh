@@ -74,7 +74,6 @@ if command -v ccache >/dev/null; then
 fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 
-rm -f "$dist"/hotloop-"$version"-*.whl "$dist"/hotloop-"$version".tar.gz
 summary=()
 for arch in $archs; do
   toolchain=$(bash "$root/scripts/zig_toolchain.sh" "$zig" "$arch" "$work/zig-$arch")
@@ -97,6 +96,7 @@ for arch in $archs; do
       --config-settings=build-dir="$work/cmake/{wheel_tag}" \
       --config-settings=cmake.define.CMAKE_TOOLCHAIN_FILE="$toolchain" \
       >"$work/build-$arch-py$v.log" 2>&1 || { tail -n 60 "$work/build-$arch-py$v.log"; exit 1; }
+    rm -f "$dist"/hotloop-"$version"-cp"${v/./}"-*_"$arch".whl  # this build's earlier wheel, if any
     auditwheel repair -w "$dist" "$raw"/hotloop-*.whl >"$work/repair-$arch-py$v.log" 2>&1 || {
       cat "$work/repair-$arch-py$v.log"
       exit 1
@@ -111,6 +111,7 @@ done
 if [ "$sdist" = 1 ]; then
   t0=$SECONDS
   echo "== sdist"
+  rm -f "$dist/hotloop-$version.tar.gz"
   "$tools/bin/python" -m build --sdist --no-isolation -o "$dist" "$root" >"$work/sdist.log" 2>&1 || {
     tail -n 40 "$work/sdist.log"
     exit 1
