@@ -80,18 +80,24 @@ if ! python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
   source "$root/build/venv/bin/activate"
   echo "   (in the virtual environment $VIRTUAL_ENV)"
 fi
-python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-# torch first, pinned: the CPU wheel (an unpinned torch would pull a multi-GB CUDA build)
-python3 -c "import torch" 2>/dev/null || python3 -m pip install -q torch==2.13.0
 # The release wheels (scripts/build_wheels.sh), built once: this Python's for this environment and the other vLLM
-# releases' (scripts/test_vllm_versions.sh, build/wheels), cp310 and cp312-abi3 for step 3c.
+# releases' (scripts/test_vllm_versions.sh, build/wheels), cp310 and cp312-abi3 for step 3c. Built in the background
+# while pip installs torch (mostly download and unpacking; no test runs meanwhile): on a fresh machine most of
+# the build is zig compiling its libc++ once (~80 s of CPU).
 py_version=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 case "$py_version" in 3.10|3.11) wheel_tag="cp${py_version/./}-cp${py_version/./}" ;; *) py_version=3.12 wheel_tag=cp312-abi3 ;; esac
 wheel_pythons=$py_version
 [ "${HOTLOOP_SKIP_PYTHONS:-0}" = 1 ] || wheel_pythons=$(printf '%s\n' 3.10 3.12 "$py_version" | sort -u | xargs)
-step "release wheels for Python $wheel_pythons ($(uname -m))"
+step "release wheels for Python $wheel_pythons ($(uname -m)), beside torch's install"
+mkdir -p "$root/build"
 HOTLOOP_WHEEL_ARCHS=$(uname -m) HOTLOOP_WHEEL_PYTHONS="$wheel_pythons" HOTLOOP_SDIST=0 HOTLOOP_DIST="$root/build/dist" \
-  bash "$root/scripts/build_wheels.sh"
+  bash "$root/scripts/build_wheels.sh" >"$root/build/release-wheels.log" 2>&1 &
+wheels_build=$!
+python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# torch first, pinned: the CPU wheel (an unpinned torch would pull a multi-GB CUDA build)
+python3 -c "import torch" 2>/dev/null || python3 -m pip install -q torch==2.13.0
+wait "$wheels_build" || { tail -n 60 "$root/build/release-wheels.log"; exit 1; }
+sed -n '/^== hotloop /,$p' "$root/build/release-wheels.log"
 rm -f "$root"/build/wheels/hotloop-*.whl
 mkdir -p "$root/build/wheels"
 cp "$(ls "$root"/build/dist/hotloop-*-"$wheel_tag"-manylinux_*_"$(uname -m)".whl | sort -V | tail -n 1)" "$root/build/wheels/"
