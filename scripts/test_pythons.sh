@@ -1,32 +1,30 @@
 #!/usr/bin/env bash
 # The Python suite's torch-free part under the other Pythons hotloop supports: 3.10, 3.12 and 3.13 (scripts/test.sh
 # runs the whole suite under 3.11, with torch and vLLM). What differs between Pythons is the boundary between the
-# C++ core and CPython (thread states, the GIL hand-over, signal checks), so each Python gets its own build of the
-# package, as `pip install .` makes it there, and runs every test that needs no torch: waits, the input queue, the
-# message queue without tensors (local and remote readers), the notifiers on the fake CUDA driver, metrics, signals,
-# serialization. Tests that need torch skip, naming it (tests/conftest.py, require_torch); vLLM's, Ray's and the
-# fuzzers' skip as their packages are absent; the Spin model checks (tests/model/) do not depend on Python and are
-# left to test.sh.
+# C++ core and CPython (thread states, the GIL hand-over, signal checks), so each Python runs the release wheel a
+# user of it would install (scripts/build_wheels.sh: cp310 for 3.10, the cp312-abi3 wheel for 3.12 and 3.13),
+# installed into a fresh virtual environment with binaries only (no compiler involved), and every test that needs
+# no torch: waits, the input queue, the message queue without tensors (local and remote readers), the notifiers on
+# the fake CUDA driver, metrics, signals, serialization. pytest runs from tests/, so `import hotloop` finds the
+# installed wheel, not python/ (checked before the run). Tests that need torch skip, naming it (tests/conftest.py,
+# require_torch); vLLM's, Ray's and the fuzzers' skip as their packages are absent; the Spin model checks
+# (tests/model/) do not depend on Python and are left to test.sh.
 #
-# For each Python: a virtual environment build/venv-pyX.Y (made once, from pyenv's interpreter: on CI machines
-# /root/.pyenv/versions/X.Y.*), `pip install --no-build-isolation .` with the package's own dependencies (no torch)
-# and the test dependencies that have wheels for every Python; then pytest. The compiler cache (ccache, when
-# installed; test.sh installs it) compiles the Python-independent core once for all the builds.
+# For each Python: a fresh virtual environment build/venv-pyX.Y (from pyenv's interpreter: on CI machines
+# /root/.pyenv/versions/X.Y.*), the package's wheel with its own dependencies (no torch) and the test dependencies
+# that have wheels for every Python; then `hotloop info` and pytest.
 # Environment: HOTLOOP_PYTHONS="3.10 3.12 3.13" (the default) picks the Pythons; HOTLOOP_PYTHONS_STEP=build only
-# builds (scripts/test.sh builds them while the other vLLM releases' venvs are still being made), =test only tests
-# what is built (each venv must hold its build), unset does both; extra arguments go to pytest.
+# installs (scripts/test.sh installs them while the other vLLM releases' venvs are still being made), =test only
+# tests what is installed, unset does both; HOTLOOP_WHEELS (build/dist) is where the wheels are: the build step
+# builds the x86_64 ones there with scripts/build_wheels.sh unless HOTLOOP_WHEELS_BUILT=1 (scripts/test.sh builds
+# them once, for 3.11 too); extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 pythons=${HOTLOOP_PYTHONS:-"3.10 3.12 3.13"}
 what=${HOTLOOP_PYTHONS_STEP:-both}
 case "$what" in build|test|both) ;; *) echo "HOTLOOP_PYTHONS_STEP=$what: build, test, or unset" >&2; exit 2 ;; esac
-export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
-if command -v ccache >/dev/null; then
-  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CCACHE_DIR=${CCACHE_DIR:-$root/build/ccache}
-  # the same source compiled in another build directory (another Python's) is a hit
-  export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
-fi
+wheels=${HOTLOOP_WHEELS:-$root/build/dist}
 # the NVTX injection recorder built by the C++ suite, when it was (tests/test_nvtx.py skips without it)
 recorder="$root/build/cpp-release/tests/cpp/libhotloop_nvtx_recorder.so"
 [ -f "$recorder" ] && export HOTLOOP_NVTX_RECORDER="$recorder"
@@ -38,10 +36,24 @@ interpreter() {  # X.Y -> the path of a python X.Y, pyenv's newest first
   [ -n "$found" ] && echo "$found"
 }
 
+# The wheel a user of Python X.Y gets: its own (cp3XY) or, from 3.12 on, the stable-ABI one.
+wheel_for() {
+  local tag
+  case "$1" in 3.10|3.11) tag="cp${1/./}-cp${1/./}" ;; *) tag="cp312-abi3" ;; esac
+  ls "$wheels"/hotloop-*-"$tag"-manylinux_*_"$(uname -m)".whl 2>/dev/null | sort -V | tail -n 1
+}
+
+if [ "$what" != test ] && [ "${HOTLOOP_WHEELS_BUILT:-0}" != 1 ]; then
+  needed=$(for v in $pythons; do case "$v" in 3.10|3.11) echo "$v" ;; *) echo 3.12 ;; esac; done | sort -u | xargs)
+  HOTLOOP_WHEEL_ARCHS=$(uname -m) HOTLOOP_WHEEL_PYTHONS="$needed" HOTLOOP_SDIST=0 HOTLOOP_DIST="$wheels" \
+    bash "$root/scripts/build_wheels.sh"
+fi
+
 # pytest and the torch-free tests' imports; pyzmq and msgspec come with the package itself
 test_deps=(pytest numpy hypothesis prometheus_client)
-# One Python at a time: a suite run beside the next Python's build (tried) fails its timing checks, e.g. a woken
-# waiter back in Python within 2 ms beside a busy thread (5.2 ms with both cores compiling).
+# One Python at a time: a suite run beside the next Python's build (tried, when each Python compiled its own)
+# fails its timing checks, e.g. a woken waiter back in Python within 2 ms beside a busy thread (5.2 ms with both
+# cores compiling).
 summary=()
 for v in $pythons; do
   start=$SECONDS
@@ -51,14 +63,18 @@ for v in $pythons; do
   }
   venv="$root/build/venv-py$v"
   if [ "$what" != test ]; then
-    echo "== Python $v ($py): build in $venv"
-    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check scikit-build-core nanobind "${test_deps[@]}"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation .
+    wheel=$(wheel_for "$v")
+    [ -n "$wheel" ] || { echo "scripts/test_pythons.sh: no wheel for Python $v in $wheels (scripts/build_wheels.sh)" >&2; exit 1; }
+    echo "== Python $v ($py): $(basename "$wheel") into a fresh $venv"
+    rm -rf "$venv"
+    "$py" -m venv "$venv"
+    # binaries only: nothing is compiled here (a wheel that did not fit would fail instead of building)
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --only-binary=:all: "$wheel" "${test_deps[@]}" \
+      2>&1 | { grep -v "^WARNING: Location" || true; }
   fi
   built=$SECONDS
   if [ "$what" = build ]; then
-    summary+=("Python $v: built in $((built - start)) s")
+    summary+=("Python $v: installed in $((built - start)) s")
     continue
   fi
   if "$venv/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"; then
@@ -66,11 +82,17 @@ for v in $pythons; do
     exit 1
   fi
   echo "== Python $v ($py): the torch-free tests"
+  # the installed wheel, not the source tree, from where pytest runs; and what `hotloop info` says of it
+  (cd "$root/tests" && "$venv/bin/python" -c '
+import os, sys, hotloop
+where = os.path.dirname(hotloop.__file__)
+sys.exit(0 if where.startswith(sys.prefix) else f"hotloop imported from {where}, not from the installed wheel")')
+  "$venv/bin/hotloop" info | grep -E "^(hotloop|python|compiler|park_backend) "
   (cd "$root/tests" && "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider --ignore=test_model_check.py "$@" \
     "$root/tests") | tee "$root/build/pytest-py$v.log"
   result=$(tail -n 1 "$root/build/pytest-py$v.log" | tr -d '=')
   took="tests $((SECONDS - built)) s"
-  [ "$what" = test ] || took="build $((built - start)) s, $took"
+  [ "$what" = test ] || took="install $((built - start)) s, $took"
   summary+=("Python $v: $result [$took]")
 done
 printf '%s\n' "${summary[@]}"

@@ -17,6 +17,24 @@
 // Metrics. A ring that finds a waiter parked stamps its time (rung_ns(); it makes a system call then anyway),
 // so the woken waiter can measure ring -> running again; a ring on the fast path reads no clock.
 //
+// Ordering (reviewed for weakly ordered CPUs, aarch64; C++ seq_cst maps there to LDAR / STLR / LDADDAL, which
+// ARMv8 keeps in order among themselves, so no explicit fence is needed):
+//   - ring(): the sequence increment is a seq_cst read-modify-write. It releases what the producer stored before
+//     it (plain or relaxed stores are fine), so a waiter whose sequence() reads the new value sees the data; and
+//     with the seq_cst load of parked_ after it, it is one side of a Dekker pair whose other side is the waiter's
+//     announce() (seq_cst RMW) then sequence() (seq_cst load): either the ring sees parked_ > 0 and wakes, or
+//     the waiter's sequence() reads the new value and its futex call returns at once.
+//   - ring_if_parked(): no increment, so the pair is the producer's seq_cst store of its data then the seq_cst
+//     load of parked_, against announce() then a seq_cst load of that data in the waiter's ready(). A ready()
+//     that reads with acquire only (LDAPR on ARMv8.3+ may be satisfied before the announce is visible) can lose
+//     the wake-up: ShmRing's two sources read with seq_cst for this reason (shm_ring.h, "Ordering").
+//   - watchers_: watch() increments it (seq_cst) before announce(); a ring that sees the announce reads it
+//     (seq_cst) after parked_, so it sees the watcher and writes its eventfd.
+//   - park()/wake: the kernel checks the word under its hash-bucket lock after queueing the waiter, and
+//     futex_wake issues a full barrier before it looks for waiters (futex.h): nothing more is needed here.
+//   - rung_ns_ is relaxed: a metric, carried to the woken waiter by the futex wake; a stale value mismeasures
+//     one wake-up, nothing else. retract() is release: a late retract costs a producer one needless wake.
+//
 // Placement. Trivially constructible and exactly one cache line, so it can sit inside a shared-memory
 // segment (construct with process_shared = true; the futex is then process-shared). Eventfd watchers are a
 // process-local registry: only rings from the same process reach them.

@@ -1,6 +1,10 @@
 // Flag: a settable boolean that wait_any can wait on (cancel, shutdown, "work available").
 // set() and clear() are safe from any thread; set() rings the doorbell so parked waiters wake at once.
 // is_set()/ready() is one atomic load.
+// Ordering: set() stores the value (release) before ring()'s seq_cst increment, so a waiter that sees the new
+// sequence, or is woken, sees the flag set (doorbell.h, "Ordering"); is_set() loads with acquire, so what the
+// setter wrote before set() is visible to whoever sees it set. A clear() racing a set() is decided by the
+// value's modification order alone (the last one wins); clear() does not ring.
 #pragma once
 
 #include <atomic>

@@ -3,6 +3,11 @@
 // process-shared futex (the word lives in shared memory) instead of a process-private one, which the
 // kernel hashes more cheaply. Each call returns 0 or a positive errno (EAGAIN: the word no longer held
 // the expected value; ETIMEDOUT; EINTR: a signal arrived). Nothing here retries.
+// Ordering: the kernel reads *word under the futex hash bucket's lock after queueing the waiter, and FUTEX_WAKE
+// issues a full barrier (smp_mb) before it looks for waiters, on every architecture. So a store to the word
+// sequenced before wake() is either seen by wait()'s comparison or the waiter is queued and woken; callers need no
+// fence of their own around these calls. What the word publishes (the data behind it) is the callers' business:
+// Doorbell's contract says how it is ordered.
 #pragma once
 
 #include <atomic>

@@ -8,6 +8,9 @@
 // Cost: put = an uncontended mutex + one atomic increment + a doorbell ring (no syscall unless the consumer
 // is parked). The queue owns no item: whoever holds the pointers frees them (the Python binding decrefs what
 // is left on destruction).
+// Ordering: size_ and closed_ are written under mu_ with release stores and read without it with acquire loads
+// (ready(), the fast empty check); the item itself is handed over under mu_. put() and close() ring after
+// unlocking: the ring's seq_cst increment orders the new size before the wake-up (doorbell.h, "Ordering").
 #pragma once
 
 #include <atomic>

@@ -69,10 +69,13 @@ void copy_parts(uint8_t* dst, const ShmRing::Part* parts, size_t n, size_t skip,
   }
 }
 
-// The start time of a live (not zombie) process in clock ticks since boot, or 0 if there is none.
+// The start time of a live (not zombie) process in clock ticks since boot, or 0 if there is none. Read from its
+// main thread's entry, /proc/PID/task/PID/stat, which the kernel fills exactly as /proc/PID/stat: qemu-user (the
+// aarch64 suite, and emulated CI builds downstream) answers /proc/self/stat and /proc/<own pid>/stat itself, with
+// a start time of its own per thread, so a queue's threads in one emulated process took each other for dead.
 uint64_t process_start_time(int pid) {
   char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  std::snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, pid);
   FILE* f = std::fopen(path, "r");
   if (f == nullptr) return 0;
   char buf[1024];
@@ -313,11 +316,26 @@ std::string ShmRing::attach_refusal(const Layout* l, uint32_t rank, uint64_t cap
 ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_capacity, uint32_t expect_readers) {
   size_t size = 0;
   void* p = map_segment(name, expect_capacity, expect_readers, &size);
-  auto* l = static_cast<Layout*>(p);
-  auto fail = [&](const std::string& why) {
+  try {
+    return claim_slot(static_cast<Layout*>(p), size, name, rank, expect_capacity, expect_readers, true);
+  } catch (...) {
     munmap(p, size);
-    throw BadHandleError("cannot attach to queue " + name + ": " + why);
-  };
+    throw;
+  }
+}
+
+ShmRing ShmRing::attach_in_process(const ShmRing& writer, uint32_t rank) {
+  if (!writer.is_writer() || writer.layout_ == nullptr) {
+    throw std::logic_error("attach_in_process: pass the ring's writer (created in this process)");
+  }
+  return claim_slot(writer.layout_, writer.map_size_, writer.name_, rank, writer.geo_.capacity,
+                    writer.geo_.n_readers, false);
+}
+
+ShmRing ShmRing::claim_slot(Layout* l, size_t size, const std::string& name, uint32_t rank,
+                            uint64_t expect_capacity, uint32_t expect_readers, bool owns_mapping) {
+  void* p = l;
+  auto fail = [&](const std::string& why) { throw BadHandleError("cannot attach to queue " + name + ": " + why); };
   uint64_t start = 0;
   std::string refusal = attach_refusal(l, rank, expect_capacity, expect_readers, &start);
   if (!refusal.empty()) fail(refusal);
@@ -333,6 +351,7 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
   Geometry geo{expect_capacity, expect_readers, l->max_message, DeadReaderPolicy(l->dead_reader & 1),
                l->writer_pid, l->writer_start_time};
   ShmRing r = mapped(l, size, name, int(rank), geo);
+  r.owns_mapping_ = owns_mapping;
   r.pos_ = start;
   if (l->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == expect_readers) r.unlink();
   l->space_bell.ring();  // a writer may be waiting in wait_all_attached
@@ -342,7 +361,8 @@ ShmRing ShmRing::attach(const std::string& name, uint32_t rank, uint64_t expect_
 ShmRing::ShmRing(ShmRing&& o) noexcept
     : layout_(o.layout_), map_size_(o.map_size_), geo_(o.geo_), data_(o.data_), slots_(o.slots_), pos_(o.pos_),
       cancelled_(o.cancelled_.load()), name_(std::move(o.name_)), rank_(o.rank_),
-      owner_pid_(o.owner_pid_), linked_(o.linked_.load()), closed_(o.closed_.load()),
+      owner_pid_(o.owner_pid_), owns_mapping_(o.owns_mapping_), linked_(o.linked_.load()),
+      closed_(o.closed_.load()),
       next_seq_(o.next_seq_), pending_release_(o.pending_release_), reader_floor_(o.reader_floor_),
       source_(o.source_),
       partial_(std::move(o.partial_)), partial_seq_(o.partial_seq_), partial_filled_(o.partial_filled_),
@@ -357,7 +377,7 @@ ShmRing::~ShmRing() {
   if (layout_ == nullptr) return;
   close();
   delete source_;
-  munmap(layout_, map_size_);
+  if (owns_mapping_) munmap(layout_, map_size_);
 }
 
 void ShmRing::close() noexcept {
@@ -463,12 +483,15 @@ void ShmRing::check_readers(uint64_t end) {
     ReaderSlot& r = slots_[i];
     if (r.dropped.load(std::memory_order_acquire) || !r.attached.load(std::memory_order_acquire)) continue;
     if (end - r.read_pos.load(std::memory_order_acquire) <= geo_.capacity) continue;
-    if (process_alive(r.pid.load(), r.start_time)) continue;
+    // attach() claims the slot (attached = 1), then stores start_time and, last, pid (release): pid first
+    // (acquire), then start_time. A pid of 0 is a reader between the two (it is reading /proc/self/stat): alive.
+    const int32_t pid = r.pid.load(std::memory_order_acquire);
+    if (pid == 0 || process_alive(pid, r.start_time)) continue;
     if (geo_.dead_reader == DeadReaderPolicy::kDrop) {
       r.dropped.store(1, std::memory_order_release);
       continue;
     }
-    throw DeadPeerError("reader rank " + std::to_string(i) + " (pid " + std::to_string(r.pid.load()) +
+    throw DeadPeerError("reader rank " + std::to_string(i) + " (pid " + std::to_string(pid) +
                         ") of queue " + name_ + " died: the writer will not wait for it; restart the workers, "
                         "or create the queue with dead_reader='drop' to go on without it");
   }

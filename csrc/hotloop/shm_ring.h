@@ -33,6 +33,29 @@
 // record headers) against them: a corrupted segment raises an error naming the queue, never reads or writes
 // outside the mapping. Record sizes are 32-bit, so rings are at most 4 GiB (larger messages are fragmented).
 //
+// Ordering (reviewed for weakly ordered CPUs, aarch64; tests/cpp/test_ring_litmus.cpp runs the pairs between
+// threads, where TSan checks them, and tests/model/ has Spin models of the protocol):
+//   - Publishing a record: the payload and sequence (plain stores) and the cleared next header word (relaxed) come
+//     before the header word's seq_cst store, a release (STLR on aarch64); a reader loads the word with acquire
+//     (or seq_cst) before it reads the record, so a nonzero word brings all of them, and the next header word it
+//     reaches through this record is at least the cleared one. A pad is published by its own seq_cst store after
+//     its record's: a reader that acquires the pad sees the record's header.
+//   - Reusing space: a reader's reads of a record (in ring memory, until release()) come before its seq_cst
+//     store of read_pos, a release; the writer loads read_pos with seq_cst (acquire) before it writes over those
+//     bytes. reader_floor_, the writer's copy of the slowest position, is stale only in the safe direction
+//     (positions grow).
+//   - Wake-ups: both doorbells are rung with ring_if_parked, so each needs the Dekker pair of doorbell.h: data
+//     bell: header word store (seq_cst) then parked_ load, against announce() then ReaderSource::ready()'s
+//     seq_cst load of the word; space bell: read_pos store (seq_cst) then parked_ load, against announce() then
+//     slowest_reader_pos()'s seq_cst loads. The acquire loads elsewhere (readable(), read()'s spin) are not part
+//     of a pair and need no more.
+//   - state, cancelled_ and a closing reader's dropped: release stores followed by a full ring() (a seq_cst
+//     increment: no ring_if_parked pair needed).
+//   - Attaching: a reader claims its slot (attached, seq_cst CAS), stores start_time, then pid (release); the
+//     writer's liveness check reads pid (acquire) and only then start_time, and takes pid 0 for a reader still
+//     attaching. (It used to read both in unspecified order: a reader between its claim and its pid store looked
+//     dead, and was dropped or reported.)
+//
 // Threads: one thread at a time reads (or writes) through one ShmRing. cancel_waits() may be called from any
 // thread: every wait of this object, running or later, ends with ClosedError (the segment and the other
 // processes are untouched); the binding uses it to close a ring that another thread is waiting on.
@@ -81,6 +104,10 @@ class ShmRing {
   // Reader `rank` (0 <= rank < n_readers): maps the segment and marks the rank attached.
   // Throws BadHandleError (no such segment, not a ring, other layout or geometry, rank taken or out of range).
   static ShmRing attach(const std::string& name, uint32_t rank, uint64_t expect_capacity, uint32_t expect_readers);
+  // Reader `rank` in the writer's own process, on the writer's mapping instead of a second one (the writer must
+  // outlive it). For tests: ThreadSanitizer matches accesses by address, so a second mapping of the segment hides
+  // every publish/consume pair from it (tests/cpp/test_ring_litmus.cpp).
+  static ShmRing attach_in_process(const ShmRing& writer, uint32_t rank);
 
   ShmRing(ShmRing&& other) noexcept;
   ShmRing& operator=(ShmRing&& other) = delete;
@@ -195,6 +222,7 @@ class ShmRing {
   std::string name_;
   int rank_ = -1;
   int owner_pid_ = 0;  // the process that created/attached it: a forked copy only unmaps on destruction
+  bool owns_mapping_ = true;  // false for attach_in_process(): the writer's mapping, unmapped by the writer
   std::atomic<bool> linked_{false};
   std::atomic<bool> closed_{false};
   uint64_t next_seq_ = 0;     // writer: next sequence to write; reader: next expected
@@ -242,6 +270,9 @@ class ShmRing {
   void throw_if_cancelled() const;
   [[noreturn]] void corrupt(const std::string& what) const;
   static ShmRing mapped(Layout* l, size_t size, std::string name, int rank, const Geometry& g);
+  // attach(): claims reader slot `rank` of the mapped segment `l` (throws BadHandleError, leaving the mapping).
+  static ShmRing claim_slot(Layout* l, size_t size, const std::string& name, uint32_t rank, uint64_t expect_capacity,
+                            uint32_t expect_readers, bool owns_mapping);
   // attach(): why reader `rank` cannot attach to the mapped segment `l` of a ring of `capacity` bytes and
   // `n_readers` readers ("" when it can, up to claiming its slot); *start: the slot's read position.
   static std::string attach_refusal(const Layout* l, uint32_t rank, uint64_t capacity, uint32_t n_readers,

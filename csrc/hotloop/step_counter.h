@@ -13,6 +13,12 @@
 // Metrics: complete() stamps its time (one clock read per step, on the completion's own cache line), so a wait
 // on until(n) or settled() that a completion ends records completion -> waiter running in wake_latency() (in
 // any phase).
+// Ordering: complete() stores its time (relaxed), then raises completed_ with a release CAS, then rings (a
+// seq_cst increment): done()/ready() load completed_ with acquire, so they see that time (or a later one) and
+// whatever the completing thread wrote before. fail() records the error under error_mu_ and stores failed_at_
+// (release) before its completion's release CAS; done() loads completed_ (acquire) then failed_at_, so a failed
+// step is never seen done without its failure. issued_ is relaxed: mark() is called by the thread that launches
+// steps, and a waiter on another thread learns of a token through whatever handed it over (which orders it).
 #pragma once
 
 #include <atomic>

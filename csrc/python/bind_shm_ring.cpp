@@ -202,7 +202,7 @@ struct ObjectLoaders {
   nb::object nothing;        // returned on timeout (None is a message like any other)
 };
 
-void clear_list(nb::handle list) { PyList_SetSlice(list.ptr(), 0, PyList_GET_SIZE(list.ptr()), nullptr); }
+void clear_list(nb::handle list) { PyList_SetSlice(list.ptr(), 0, list_size(list.ptr()), nullptr); }
 
 // Clears a list (what the pickler wrote) however the write below ends.
 struct ListClear {
@@ -221,7 +221,7 @@ bool write_object(PyShmRing& self, nb::handle obj, const nb::object& timeout, Wa
   nb::object held = picklers.sink();
   PickleSink& sink = *nb::inst_ptr<PickleSink>(held);
   PyObject* chunks = sink.chunks.ptr();
-  PyObject* done = PyObject_CallOneArg(sink.dump.ptr(), obj.ptr());
+  PyObject* done = call_one(sink.dump.ptr(), obj.ptr());
   if (done == nullptr) {
     nb::python_error e;  // takes the pending exception
     sink.clear_memo();
@@ -230,10 +230,10 @@ bool write_object(PyShmRing& self, nb::handle obj, const nb::object& timeout, Wa
   }
   Py_DECREF(done);
   sink.clear_memo();  // the memo would keep obj's parts alive
-  if (PyList_GET_SIZE(chunks) != 1 || PyList_GET_SIZE(sink.buffers.ptr()) != 0) return false;
+  if (list_size(chunks) != 1 || list_size(sink.buffers.ptr()) != 0) return false;
   ListClear clear{sink.chunks};
   Py_buffer view;
-  if (PyObject_GetBuffer(PyList_GET_ITEM(chunks, 0), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  if (PyObject_GetBuffer(list_item(chunks, 0), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
   struct ViewRelease {
     Py_buffer* v;
     ~ViewRelease() { PyBuffer_Release(v); }
@@ -256,7 +256,7 @@ nb::object read_object(PyShmRing& self, const nb::object& timeout, WaitPolicy& p
     } release_record{r};
     nb::object view = nb::steal(PyMemoryView_FromMemory(reinterpret_cast<char*>(const_cast<uint8_t*>(m.data)),
                                                         Py_ssize_t(m.size), PyBUF_READ));
-    PyObject* obj = PyObject_CallOneArg(loaders.bare_loads.ptr(), view.ptr());
+    PyObject* obj = call_one(loaders.bare_loads.ptr(), view.ptr());
     if (Py_REFCNT(view.ptr()) > 1) {  // kept by someone: nothing may read ring memory once it is released
       PyObject* rel = PyObject_CallMethod(view.ptr(), "release", nullptr);
       if (rel == nullptr) PyErr_Clear();  // exported still: the view outlives the call, but empty

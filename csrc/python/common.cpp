@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <Python.h>
+#include <dlfcn.h>
 #include <pythread.h>
 #include <unistd.h>
 
@@ -49,7 +50,7 @@ double g_saved_interval_s = 0;
 
 void set_interval_s(double seconds) {  // GIL held
   PyObject* arg = PyFloat_FromDouble(seconds);
-  PyObject* r = arg ? PyObject_CallOneArg(g_set_interval, arg) : nullptr;
+  PyObject* r = arg ? call_one(g_set_interval, arg) : nullptr;
   if (r == nullptr) PyErr_Clear();
   Py_XDECREF(r);
   Py_XDECREF(arg);
@@ -194,12 +195,32 @@ nb::list SourceList::select(uint64_t mask) const {
 
 ReleasedGil::ReleasedGil() : state_(PyEval_SaveThread()) {}
 
-ReleasedGil::~ReleasedGil() {
-#if PY_VERSION_HEX >= 0x030D0000
-  const bool finalizing = Py_IsFinalizing();
+namespace {
+
+// Whether the interpreter is finalizing (callable without the GIL). The stable-ABI module (cp312-abi3: the
+// limited API has neither function) looks up what every CPython exports, Py_IsFinalizing (3.13+) or
+// _Py_IsFinalizing (3.12), once; where neither is found (an interpreter loaded with RTLD_LOCAL) it answers false,
+// as a build for 3.10 would have without the check.
+bool interpreter_finalizing() {
+#if defined(Py_LIMITED_API)
+  using Fn = int (*)();
+  static const Fn fn = [] {
+    void* f = dlsym(RTLD_DEFAULT, "Py_IsFinalizing");
+    if (f == nullptr) f = dlsym(RTLD_DEFAULT, "_Py_IsFinalizing");
+    return reinterpret_cast<Fn>(f);
+  }();
+  return fn != nullptr && fn() != 0;
+#elif PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
 #else
-  const bool finalizing = _Py_IsFinalizing();
+  return _Py_IsFinalizing();
 #endif
+}
+
+}  // namespace
+
+ReleasedGil::~ReleasedGil() {
+  const bool finalizing = interpreter_finalizing();
   if (finalizing) {
     for (;;) pause();  // the process is exiting; this thread must not touch the interpreter again
   }

@@ -15,6 +15,32 @@ namespace hotloop::py {
 
 namespace nb = nanobind;
 
+// The calls the hot paths make, in both builds of the module: the version-specific one (3.10, 3.11: macros and
+// PyObject_CallOneArg) and the cp312-abi3 one (the limited API: their function forms, and vectorcall, which the
+// limited API has from 3.12).
+inline PyObject* call_one(PyObject* callable, PyObject* arg) {
+#if defined(Py_LIMITED_API)
+  PyObject* args[2] = {nullptr, arg};
+  return PyObject_Vectorcall(callable, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+#else
+  return PyObject_CallOneArg(callable, arg);
+#endif
+}
+inline Py_ssize_t list_size(PyObject* list) {
+#if defined(Py_LIMITED_API)
+  return PyList_Size(list);
+#else
+  return PyList_GET_SIZE(list);
+#endif
+}
+inline PyObject* list_item(PyObject* list, Py_ssize_t i) {  // borrowed
+#if defined(Py_LIMITED_API)
+  return PyList_GetItem(list, i);
+#else
+  return PyList_GET_ITEM(list, i);
+#endif
+}
+
 // seconds (None = no deadline) -> nanoseconds (-1 = no deadline). Raises ValueError for negative or NaN.
 int64_t timeout_ns(const nb::object& timeout, const char* what);
 
