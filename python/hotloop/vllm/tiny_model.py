@@ -82,7 +82,17 @@ def build(seed: int = 0, heads: int = 2) -> str:
             for p in model.parameters():
                 if p.dim() > 1:
                     p.normal_(0.0, 0.2)
-        model.save_pretrained(tmp, safe_serialization=True)
+        # no "Writing model shards" bar: one tiny shard, and a bar starts tqdm's monitor thread in the caller's
+        # process, which outlives the write (the test suite's leak check saw it in the test that built the model)
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         with open(os.path.join(tmp, "hotloop-tiny-model.json"), "w") as f:
             json.dump({"seed": seed, "version": VERSION, "config": cfg}, f)
         try:
