@@ -721,6 +721,8 @@ bool ShmRing::read(Message& out, int64_t timeout_ns, WaitPolicy& policy, const W
       if (!wait_readable(deadline, policy, hooks, now)) return false;
       continue;
     }
+    // Found without a wait: when it came is not known to the paced estimate (a wait feeds it when one ends).
+    if (deadline < 0 && policy.paced()) policy.observe_ready_unknown();
     if (take_record(word, out)) return true;
   }
 }

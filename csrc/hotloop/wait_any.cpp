@@ -514,7 +514,10 @@ uint64_t wait_any(Source* const* sources, size_t n, int64_t timeout_ns, WaitPoli
   st = WaitStats{};
   SourceSet set(sources, n);
 
-  if (uint64_t mask = set.check_all()) return record_wait_end(WaitEnd::kImmediate), mask;
+  if (uint64_t mask = set.check_all()) {
+    if (policy.paced()) policy.observe_ready_unknown();
+    return record_wait_end(WaitEnd::kImmediate), mask;
+  }
   if (timeout_ns == 0) {
     st.end = WaitEnd::kTimeout;
     return record_wait_end(WaitEnd::kTimeout), 0;

@@ -1,5 +1,7 @@
 #include "hotloop/wait_policy.h"
 
+#include "hotloop/clock.h"
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -142,6 +144,16 @@ void WaitPolicy::observe_ready(int64_t ready) noexcept {
   pace_.steady.store(std::min(pace_.steady.load(std::memory_order_relaxed) + 1, 1 << 20), std::memory_order_relaxed);
   pace_.miss_run.store(0, std::memory_order_relaxed);
   pace_.anchor.store(ready, std::memory_order_relaxed);
+}
+
+void WaitPolicy::observe_ready_unknown(int64_t now) noexcept {
+  const int64_t anchor = pace_.anchor.load(std::memory_order_relaxed);
+  const int64_t srtt = pace_.srtt.load(std::memory_order_relaxed);
+  if (anchor < 0 || srtt <= 0) return;
+  if (now < 0) now = now_ns();
+  const int64_t dev = pace_.rttvar.load(std::memory_order_relaxed);
+  if (srtt - (now - anchor) > std::max(srtt / 2, 4 * dev)) return;  // a short one (an input): the anchor stays
+  pace_.anchor.store(-1, std::memory_order_relaxed);
 }
 
 void WaitPolicy::record_timer_lateness(int64_t late_ns) noexcept {

@@ -22,7 +22,9 @@
 //  - anchor: the time the previous wait of this policy found something ready (the source's ready_since_ns() when
 //    it keeps one, the ring's stamp when a park was woken, else the time the wait noticed it), or what the caller
 //    set with anchor(t) (an engine core anchors when it broadcasts a step: its answer is due a step later). A
-//    wait that finds a source ready at its first check moves nothing (when it became ready is not known).
+//    wait that finds a source ready at its first check feeds nothing (when it became ready is not known), and
+//    drops the anchor unless it came too soon to be the periodic ready: a waiter that fell a period behind would
+//    otherwise measure the next interval from two readies back.
 //  - estimate: interval samples (ready - anchor) feed a smoothed interval and its mean deviation, as TCP's SRTT
 //    and RTTVAR do (weights 1/8 and 1/4). A sample further than max(interval / 2, 4 x deviation) from the
 //    interval (an idle gap, a burst, an input that is not the answer) is a miss and is not fed; a short one
@@ -158,6 +160,10 @@ class WaitPolicy {
   PacedPlan plan(int64_t now_ns) const noexcept;
   // A wait found a source ready that became ready at ready_ns: feeds the sample ready - anchor, moves the anchor.
   void observe_ready(int64_t ready_ns) noexcept;
+  // A wait (or a read) found a source ready at its first check: when it became ready is not known. Too soon for
+  // the periodic ready (what a sample this short would be: a miss) the anchor stays; otherwise it is dropped, as
+  // an interval measured from it to the next ready would span two periods (the waiter fell behind by one).
+  void observe_ready_unknown(int64_t now_ns = -1) noexcept;  // -1: reads the clock if it needs it
   // A timed park meant to end at the wake point ended late_ns after it.
   void record_timer_lateness(int64_t late_ns) noexcept;
   void count_paced(PacedOutcome o) noexcept;

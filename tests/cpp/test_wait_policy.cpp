@@ -153,6 +153,23 @@ TEST(PacedPolicy, AnExplicitAnchorPredictsFromItAndAnEarlyReadyKeepsIt) {
   EXPECT_NEAR(double(p.interval_ns()), double(kStep), 5'000.0);
 }
 
+TEST(PacedPolicy, AReadyFoundWithoutAWaitDropsAStaleAnchorAndFeedsNothing) {
+  WaitPolicy p(20'000, 10'000, false, true);
+  p.observe_ready(kT0);
+  int64_t t = feed(p, kT0, 30, kStep);
+  const uint64_t samples = p.paced_stats().samples;
+  p.observe_ready_unknown(t + 200'000);  // too soon to be the periodic ready (an input): the anchor stays
+  EXPECT_EQ(p.anchor_ns(), t);
+  p.observe_ready_unknown(t + kStep + 300'000);  // the waiter came back late and found the next one waiting
+  EXPECT_EQ(p.anchor_ns(), -1) << "an interval from t would span two periods";
+  EXPECT_FALSE(p.plan(t + kStep + 400'000).predicted) << "no anchor, no prediction";
+  p.observe_ready(t + 2 * kStep);  // the next ready a wait saw: it anchors, it is not a sample
+  EXPECT_EQ(p.paced_stats().samples, samples);
+  EXPECT_EQ(p.anchor_ns(), t + 2 * kStep);
+  EXPECT_NEAR(double(p.interval_ns()), double(kStep), 1'000.0);
+  EXPECT_TRUE(p.plan(t + 2 * kStep + 1'000).predicted);
+}
+
 TEST(PacedPolicy, TimerLatenessWidensTheMarginAndIsCapped) {
   WaitPolicy p(20'000, 10'000, false, true);
   p.observe_ready(kT0);
