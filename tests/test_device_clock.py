@@ -4,6 +4,7 @@ and no segment is left behind. Torch-free; ranks are forked processes."""
 
 import multiprocessing as mp
 import os
+import threading
 import time
 import uuid
 
@@ -95,3 +96,69 @@ def test_bad_arguments_and_specs_say_what_is_wrong():
     for bad in ("fast", "1+2+3", "-5+1"):
         with pytest.raises(ValueError, match="HOTLOOP_VLLM_SIM_DEVICE"):
             parse_spec(bad)
+
+
+def test_a_launch_returns_at_once_and_steps_queue_behind_each_other_on_the_device():
+    # vLLM's async path: forward returns once queued; the sampled tokens are waited for later, in another thread
+    clock = DeviceClock(_name(), 0, 1, base_us=3000, per_token_us=100)
+    try:
+        t0 = time.monotonic_ns()
+        k1 = clock.launch(10)  # 4 ms
+        k2 = clock.launch(0)   # 3 ms, queued behind k1
+        assert (k1, k2) == (1, 2) and clock.tail() == 2
+        assert time.monotonic_ns() - t0 < 2_000_000, "a launch must not wait for the device"
+        assert not clock.done(k1)
+        got = {}
+
+        def waiter():
+            cpu0 = time.thread_time_ns()
+            got["k2"] = clock.wait(k2)
+            got["cpu"] = time.thread_time_ns() - cpu0
+            got["returned"] = time.monotonic_ns()
+
+        th = threading.Thread(target=waiter)
+        th.start()
+        launch1, end1 = clock.wait(k1)
+        th.join(timeout=10)
+        launch2, end2 = got["k2"]
+        assert end1 == launch1 + 4_000_000
+        assert end2 == end1 + 3_000_000, "step 2 starts on the device when step 1 is done, not at its launch"
+        assert got["returned"] >= end2 and got["cpu"] < 2_000_000, "the wait sleeps until the end, off the CPU"
+        assert clock.done(k1) and clock.done(k2)
+        time.sleep(0.005)  # the device idles: the next step starts at its launch
+        launch3, end3 = clock.step(0)
+        assert end3 == launch3 + 3_000_000
+        with pytest.raises(ValueError, match="never launched"):
+            clock.wait(4)
+    finally:
+        clock.close()
+
+
+def _async_rank(name, rank, world, delays_ms, out):
+    clock = DeviceClock(name, rank, world, base_us=3000, per_token_us=0)
+    launched = []
+    for delay in delays_ms:  # two steps in flight, as vLLM's batch queue keeps them
+        time.sleep(delay / 1e3)
+        launched.append(clock.launch(1))
+    out.put((rank, [clock.wait(k) for k in launched]))
+    clock.close()
+
+
+def test_tp_ranks_launching_ahead_end_each_step_together():
+    name, world = _name(), 2
+    delays = {0: [0, 0, 0, 0], 1: [10, 0, 12, 0]}  # rank 1 launches steps 1 and 3 late
+    out = CTX.Queue()
+    procs = [CTX.Process(target=_async_rank, args=(name, r, world, delays[r], out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    prev_end = 0
+    for step in range(4):
+        launches = [results[r][step][0] for r in range(world)]
+        ends = {results[r][step][1] for r in range(world)}
+        assert ends == {max(max(launches), prev_end) + 3_000_000}, f"step {step}: {ends}"
+        prev_end = ends.pop()
+    assert not os.path.exists(segment_path(name))

@@ -1,8 +1,9 @@
 """vLLM's CPU build on the simulated device (HOTLOOP_VLLM_SIM_DEVICE, hotloop.vllm.sim_device), through a short
-run of ``hotloop bench vllm --device sim`` at TP=2: every TP rank's model runs on the device in each of the four
-arms (vLLM's queue, with its spinloop extension, hotloop's queue, hotloop's queue and engine-core loop); greedy
-outputs are the device's deterministic tokens and identical across the arms and shapes; a step lasts at least its
-modelled time; the device leaves nothing in /dev/shm.
+run of ``hotloop bench vllm --device sim`` at TP=2, on vLLM's GPU path (async scheduling: forward queues the step,
+the output copy thread waits for the device): every TP rank's model runs on the device in each of the four arms
+(vLLM's queue, with its spinloop extension, hotloop's queue, hotloop's queue and engine-core loop); greedy outputs
+are the device's deterministic tokens (the synchronous path's: one engine runs that path too) and identical
+across the arms and shapes; a step lasts at least its modelled time; the device leaves nothing in /dev/shm.
 
 Needs vLLM; vLLM runs in child processes, one engine at a time (forwards cost no CPU: two workers and the engine
 core share the two cores as on a GPU host)."""
@@ -45,6 +46,7 @@ def _follows_the_device(ids: list[int]) -> bool:
 def test_every_arm_runs_and_its_outputs_are_the_devices_and_identical(record):
     # run() raises unless each arm's workers ran on the simulated device, one per TP rank, on the arm's queue
     assert record["device"] == "sim" and record["sim_device_us"] == (1300.0, 2.0)
+    assert record["path"] == "async", "the simulated device keeps vLLM's GPU default: async scheduling"
     assert record["arms"] == ["vllm", "vllm+spinloop", "hotloop", "hotloop+loop"]
     assert record["identical_greedy_outputs"], record["outputs_differ"]
     ids = record["single_token_ids"]
@@ -65,3 +67,12 @@ def test_the_record_has_every_figure_the_goals_read(record):
         pct = record["tp"][2]["decode"][arm]["cpu_pct"]
         assert {"front_end", "engine_core", "worker0", "worker1"} <= set(pct), pct
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("hotloop.devclock.")]
+
+
+def test_the_synchronous_path_gives_the_async_paths_tokens(record, monkeypatch):
+    # one engine (hotloop's queue and loop) with async scheduling off, every shape: the same token ids
+    monkeypatch.setenv("HOTLOOP_VLLM_SIM_DEVICE", "1300+2")
+    res = vllm_bench.run_engine(2, "hotloop+loop", tiny_model.build(0), quick=True, seed=0, device="sim", sync=True)
+    assert res["single"]["token_ids"][0] == record["single_token_ids"]
+    digest = vllm_bench.outputs_digest({shape: res[shape]["token_ids"] for shape in record["token_ids_digest"]})
+    assert digest == record["token_ids_digest"]

@@ -114,7 +114,7 @@ def cmd_bench(args) -> int:
         kwargs = {"plot_path": engine_plot} if name == "engine" else {}
         if name == "vllm":
             kwargs = {"rounds": args.rounds, "plot_path": plots["vllm"][0] if report else None,
-                      "device": args.device, "online": args.online,
+                      "device": args.device, "online": args.online, "sync": args.sync,
                       "tps": tuple(int(t) for t in args.tp_sizes.split(",")) if args.tp_sizes else None}
         if name == "vllm-omni":
             kwargs = {"rounds": args.rounds}
@@ -183,6 +183,8 @@ def main(argv=None) -> int:
                    "include vLLM's spinloop extension; TP 1, 2 and 4)")
     b.add_argument("--online", action="store_true", help="vllm --device sim: the shapes through vLLM's own server "
                    "and client (vllm serve loaded by vllm bench serve)")
+    b.add_argument("--sync", action="store_true", help="vllm --device sim: vLLM's synchronous path (async scheduling "
+                   "off); by default the simulated device runs vLLM's GPU default, async scheduling")
     b.add_argument("--tp-sizes", default=None, help="vllm: tensor parallel sizes, e.g. 1,2 (default 1,2; sim: 1,2,4)")
     b.add_argument("--json", metavar="PATH", help="also write the figures and the machine facts as JSON")
     b.set_defaults(fn=cmd_bench)

@@ -160,7 +160,8 @@ def _check_sim_device(_worker=None):
     if clock is None:
         return None
     return {"base_us": clock.base_ns / 1e3, "per_token_us": clock.per_token_ns / 1e3, "rank": clock.rank,
-            "world": clock.world, "steps": clock.steps}
+            "world": clock.world, "steps": clock.steps,
+            "path": "async" if getattr(runner, "use_async_scheduling", False) else "sync"}
 
 
 def _driver(args) -> int:
@@ -413,7 +414,8 @@ def _shapes_driver(args) -> int:
     async def main():
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
             model=args.model, tensor_parallel_size=args.tp, distributed_executor_backend="mp", dtype="float32",
-            max_model_len=512, max_num_seqs=16, seed=0, enforce_eager=True))
+            max_model_len=512, max_num_seqs=16, seed=0, enforce_eager=True,
+            async_scheduling=False if args.sync else None))  # None: vLLM's choice (on a GPU / sim device: on)
         try:
             queue_class = sorted(set(await engine.collective_rpc(_check_worker_queue)))
             sim_device = await engine.collective_rpc(_check_sim_device)
@@ -447,10 +449,11 @@ def idle_cpu(root: int, windows=((0.0, 3.0),)) -> list[dict[str, float]]:
     return res
 
 
-def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: str = "cpu") -> dict:
+def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: str = "cpu", sync: bool = False) -> dict:
     """One fresh engine of `arm` through every shape, in a driver process: its figures."""
     p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm_bench", "--shapes-driver", "--tp", str(tp),
-                        "--model", model, "--seed", str(seed), "--device", device] + ["--quick"] * quick,
+                        "--model", model, "--seed", str(seed), "--device", device] + ["--quick"] * quick
+                       + ["--sync"] * sync,
                        env=arm_env(tp, arm, device), stdout=subprocess.PIPE, stderr=None if os.environ.get(
                            "HOTLOOP_BENCH_VERBOSE") else subprocess.DEVNULL, text=True, timeout=1800,
                        start_new_session=True)
@@ -462,6 +465,9 @@ def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: st
     sim = res.pop("sim_device")
     if (device == "sim") != all(sim) or (device == "sim" and sorted(w["rank"] for w in sim) != list(range(tp))):
         raise RuntimeError(f"TP={tp} arm {arm}: asked for device {device!r}, the workers' simulated devices are {sim}")
+    if device == "sim" and {w["path"] for w in sim} != {"sync" if sync else "async"}:
+        raise RuntimeError(f"TP={tp} arm {arm}: asked for the {'synchronous' if sync else 'async scheduling'} path, "
+                           f"the workers run {sorted({w['path'] for w in sim})}")
     return res
 
 
@@ -492,21 +498,26 @@ SHAPE_FIGURES = {"arrivals": ("req_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p5
 
 
 def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
-        plot_path: str | None = "hotloop-bench-vllm.png", device: str = "cpu", online: bool = False, arms=None):
+        plot_path: str | None = "hotloop-bench-vllm.png", device: str = "cpu", online: bool = False, arms=None,
+        sync: bool = False):
     """Every TP size and arm for `rounds` rounds (see the module docstring); `device` "sim" runs the model on the
     simulated device (hotloop.vllm.sim_device) with vLLM's spinloop extension as a fourth arm, TP 1, 2 and 4 by
-    default; `online` (sim only) runs the shapes through vllm serve and vllm bench serve (bench/vllm_online.py)."""
+    default, on vLLM's GPU path (async scheduling) or with `sync` its synchronous one; `online` (sim only) runs the
+    shapes through vllm serve and vllm bench serve (bench/vllm_online.py)."""
     try:
         import vllm  # noqa: F401
     except Exception as e:  # ImportError, or a vLLM that fails to import
         msg = f"skipped: vLLM is not importable here ({type(e).__name__}: {e}); pip install \"hotloop[vllm]\""
         return {"skipped": msg}, msg
+    if sync and device != "sim":
+        raise ValueError("--sync picks the simulated device's path (vLLM's CPU build has only the synchronous one): "
+                         "add --device sim")
     if online:
         if device != "sim":
             raise ValueError("--online runs on the simulated device: add --device sim")
         from hotloop.bench import vllm_online
 
-        return vllm_online.run(quick=quick, rounds=rounds, tps=tps, seed=seed)
+        return vllm_online.run(quick=quick, rounds=rounds, tps=tps, seed=seed, sync=sync)
     from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, check_version, tiny_model
 
     version = check_version()
@@ -524,7 +535,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
         order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]  # each arm goes first in turn
         for tp in tps:
             for arm in order:
-                res = run_engine(tp, arm, model, quick, seed, device)
+                res = run_engine(tp, arm, model, quick, seed, device, sync)
                 compare_outputs(res, "token_ids", reference, differ, f"TP={tp} {arm} round {rnd + 1}")
                 raw[(tp, arm)].append(res)
                 progress.step(f"round {rnd + 1} TP={tp} {arm}: poisson TTFT p50 "
@@ -535,7 +546,8 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     data = summarize(raw, tps, quick, rounds, arms, device)
     data.update({"vllm_version": version, "supported": list(SUPPORTED_VLLM_VERSIONS), "seed": seed,
                  "identical_greedy_outputs": not differ, "outputs_differ": sorted(differ), "device": device,
-                 "single_token_ids": reference["single"][0]})
+                 "single_token_ids": reference["single"][0], "token_ids_digest": outputs_digest(reference),
+                 "path": "sync" if sync or device != "sim" else "async"})
     if device == "sim":
         from hotloop.vllm.sim_device import requested
 
@@ -553,6 +565,14 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     if plot_path:
         text.append(_plot(data, raw, tps, plot_path))
     return data, text
+
+
+def outputs_digest(outputs: dict) -> dict[str, str]:
+    """Per shape, a digest of its outputs (the greedy token ids of every request, in order): another run's outputs
+    compare equal by it without the record carrying them."""
+    import hashlib
+
+    return {shape: hashlib.sha256(json.dumps(v).encode()).hexdigest()[:16] for shape, v in outputs.items()}
 
 
 def compare_outputs(res: dict, key: str, reference: dict, differ: set, label: str) -> None:
@@ -656,7 +676,8 @@ def _device_words(data: dict) -> str:
     if data.get("device") != "sim":
         return ""
     base, per_token = data["sim_device_us"]
-    return f" on the simulated device ({base:g} us + {per_token:g} us a token per step)"
+    path = "async scheduling" if data.get("path") == "async" else "synchronous path"
+    return f" on the simulated device ({base:g} us + {per_token:g} us a token per step, vLLM's {path})"
 
 
 def goals_sim(data: dict, tps) -> list[dict]:
@@ -822,6 +843,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default=None, help="comma-separated arms, vllm first (default: the device's; "
                     f"also {', '.join(EXTRA_ARMS)})")
     ap.add_argument("--online", action="store_true", help="with --device sim: through vllm serve and vllm bench serve")
+    ap.add_argument("--sync", action="store_true", help="with --device sim: vLLM's synchronous path (async scheduling "
+                    "off) instead of the GPU default")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hotloop-bench-vllm.png")
     args = ap.parse_args(argv)
@@ -833,7 +856,8 @@ def main(argv=None) -> int:
         ap.error("--rounds must be at least 1")
     tps = tuple(int(t) for t in args.tp_sizes.split(",")) if args.tp_sizes else None
     data, text = run(quick=args.quick, rounds=args.rounds, tps=tps, seed=args.seed, plot_path=args.plot,
-                     device=args.device, online=args.online, arms=args.arms.split(",") if args.arms else None)
+                     device=args.device, online=args.online, arms=args.arms.split(",") if args.arms else None,
+                     sync=args.sync)
     from hotloop.bench.report import print_result
 
     return print_result("vllm", data, text, args.json)

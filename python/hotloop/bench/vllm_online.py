@@ -49,14 +49,15 @@ def _launch(*args) -> list[str]:
 class Server:
     """One ``vllm serve`` of `model` for `arm` at TP `tp` on the simulated device."""
 
-    def __init__(self, tp: int, arm: str, model: str, start_timeout_s: float = 300.0):
+    def __init__(self, tp: int, arm: str, model: str, start_timeout_s: float = 300.0, sync: bool = False):
         self.tp, self.arm, self.model, self.port = tp, arm, model, _free_port()
         env = vllm_bench.arm_env(tp, arm, "sim")
         env.pop("HOTLOOP_VLLM_TIMELINE", None)  # vLLM's own figures, nothing of hotloop's added to the arms
         self.proc = subprocess.Popen(
             _launch("serve", model, "--host", "127.0.0.1", "--port", str(self.port), "--tensor-parallel-size",
                     str(tp), "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "16",
-                    "--enforce-eager", "--seed", "0", "--distributed-executor-backend", "mp"),
+                    "--enforce-eager", "--seed", "0", "--distributed-executor-backend", "mp",
+                    *(["--no-async-scheduling"] if sync else [])),
             env=env, stdout=_LOG, stderr=_LOG, start_new_session=True)
         deadline = time.monotonic() + start_timeout_s
         while not self._healthy():
@@ -132,9 +133,9 @@ class Server:
         self.proc.wait()
 
 
-def run_server(tp: int, arm: str, model: str, quick: bool, seed: int) -> dict:
+def run_server(tp: int, arm: str, model: str, quick: bool, seed: int, sync: bool = False) -> dict:
     """One fresh server of `arm` through every shape; then its idle CPU."""
-    server = Server(tp, arm, model)
+    server = Server(tp, arm, model, sync=sync)
     try:
         with tempfile.TemporaryDirectory(prefix="hotloop-vllm-online-") as out_dir:
             res = {shape.name: server.bench(shape, seed, out_dir) for shape in shapes(quick, "sim")}
@@ -145,7 +146,10 @@ def run_server(tp: int, arm: str, model: str, quick: bool, seed: int) -> dict:
     return res
 
 
-def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0) -> tuple[dict, Report]:
+def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
+        sync: bool = False) -> tuple[dict, Report]:
+    """Every TP size and arm through vllm serve (see the module docstring); on vLLM's async scheduling path (its GPU
+    default) or with `sync` its synchronous one."""
     from hotloop.vllm import check_version, tiny_model
 
     version = check_version()
@@ -160,7 +164,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0)
         order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]
         for tp in tps:
             for arm in order:
-                res = run_server(tp, arm, model, quick, seed)
+                res = run_server(tp, arm, model, quick, seed, sync)
                 vllm_bench.compare_outputs(res, "texts", reference, differ, f"TP={tp} {arm} round {rnd + 1}")
                 raw[(tp, arm)].append(res)
                 progress.step(f"round {rnd + 1} TP={tp} {arm}: arrivals {res['arrivals']['req_per_s']:.0f} req/s, "
@@ -173,7 +177,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0)
     data.update({"vllm_version": version, "seed": seed, "device": "sim", "online": True,
                  "sim_device_us": requested() or vllm_bench.sim_spec(),
                  "identical_greedy_outputs": not differ and all(reference.values()),
-                 "outputs_differ": sorted(differ)})
+                 "outputs_differ": sorted(differ), "path": "sync" if sync else "async"})
     data["goals"] = goals(data, tps)
     return data, render(data, tps)
 
@@ -251,7 +255,7 @@ def render(data: dict, tps) -> Report:
         how = "all at once" if shape["rate"] <= 0 else f"Poisson {shape['rate']:g} req/s"
         parts.append(table(
             f"vllm serve + vllm bench serve (vLLM {data['vllm_version']}) on the simulated device ({base:g} us + "
-            f"{per_token:g} us a token), shape '{shape['name']}': {shape['n']} requests of {shape['prompt_tokens']} / "
+            f"{per_token:g} us a token, vLLM's {'synchronous path' if data.get('path') == 'sync' else 'async scheduling'}), shape '{shape['name']}': {shape['n']} requests of {shape['prompt_tokens']} / "
             f"{shape['output_tokens']} tokens, {how}; median (min-max) over {n} round{'s' * (n > 1)}",
             ["TP / arm"] + [FIGURES[k][0] for k in keys], rows, key=f"online-{shape['name']}"))
     rows = vllm_bench.cpu_rows(data, tps, lambda tp, arm, pct: [

@@ -9,10 +9,17 @@ Contract:
   Benchmarks and tests set it; a user reproduces their figures with it.
 - ``install()`` wraps ``CPUModelRunner.load_model``: after vLLM loads the model, the model's ``forward`` and
   ``compute_logits`` are replaced on that instance.
-  - ``forward`` is the device: ``DeviceClock.step(tokens)`` (``hotloop.testing.device_clock``): the thread sleeps
-    ``base + per_token x tokens`` (tokens: the step's input ids, as vLLM scheduled them), the TP ranks of a step
-    ending together at the last rank's start + that time. It returns hidden states of the model's shape, zero but
-    for the first two columns, which carry each token's id and position.
+  - ``forward`` is the device (``hotloop.testing.device_clock``): a step of ``base + per_token x tokens``
+    (tokens: the step's input ids, as vLLM scheduled them), queued behind the previous step, the TP ranks of a
+    step ending together at the last rank's launch (or the previous step's end) + that time. It returns hidden
+    states of the model's shape, zero but for the first two columns, which carry each token's id and position.
+  - The path is vLLM's scheduling choice, as on a GPU (``sim_platform.py`` keeps vLLM's GPU default: async
+    scheduling on with the multiprocess executor; ``--no-async-scheduling`` / ``async_scheduling=False`` turns
+    it off). Synchronous: ``forward`` blocks until its step ends (``DeviceClock.step``). Async: ``forward``
+    returns once the step is queued (``launch``); the sampled tokens' copy event (``AsyncGPUModelRunnerOutput``'s
+    ``async_copy_ready_event``, which vLLM's ``WorkerAsyncOutputCopy`` thread waits on in ``get_output()``) and the
+    runner's other events are :class:`StreamEvent`: ``synchronize()`` sleeps until the device ends the step that
+    was last launched when the event was recorded, as a blocking CUDA event does.
   - ``compute_logits`` returns logits with one 1.0 per row, at ``(31 x id + 7 x position + 1) mod vocab``: greedy
     decoding is deterministic, differs between requests and positions (a mix-up shows), and is equal in every arm
     and at every TP size. Nothing of the real model runs: no matmul, no attention, no collective.
@@ -70,9 +77,16 @@ def attach(runner, base_us: float, per_token_us: float) -> DeviceClock:
     hidden_size = runner.model_config.get_hidden_size()
     vocab = runner.model_config.get_vocab_size()
 
+    on_stream = bool(getattr(runner, "use_async_scheduling", False))
+    if on_stream:
+        _events_on(clock, runner)
+
     def forward(input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None, **_):
         n = input_ids.shape[0] if input_ids is not None else inputs_embeds.shape[0]
-        clock.step(n)
+        if on_stream:
+            clock.launch(n)  # queued on the device: the sampled tokens' event waits for it
+        else:
+            clock.step(n)
         hidden = torch.zeros((n, hidden_size), dtype=torch.float32)  # float32: ids stay exact
         if input_ids is not None:
             hidden[:, 0] = input_ids
@@ -92,8 +106,49 @@ def attach(runner, base_us: float, per_token_us: float) -> DeviceClock:
     model.compute_logits = compute_logits
     model._hotloop_device_clock = clock
     log.info("hotloop: simulated device in process %d (TP rank %d of %d): a step is %.0f us + %.1f us a token, "
-             "off the CPU", os.getpid(), tp.rank_in_group, tp.world_size, base_us, per_token_us)
+             "off the CPU; %s", os.getpid(), tp.rank_in_group, tp.world_size, base_us, per_token_us,
+             "async scheduling: forward queues, the output's event waits" if on_stream else
+             "synchronous: forward blocks for the step")
     return clock
+
+
+class StreamEvent:
+    """torch.cuda.Event on the simulated device: a position on the rank's stream. ``record()`` marks the last
+    step launched; ``synchronize()`` sleeps until the device has ended it (raising as the device does: a peer
+    that never launched it); ``query()`` says whether it is known to have ended; ``wait()`` (a stream waiting on
+    the event) orders nothing more than the device's one stream already does."""
+
+    clock: DeviceClock | None = None  # the process's rank (one per vLLM worker process)
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._step = 0
+
+    def record(self, stream=None) -> None:
+        self._step = self.clock.tail() if self.clock is not None else 0
+
+    def synchronize(self) -> None:
+        if self._step:
+            self.clock.wait(self._step)
+
+    def query(self) -> bool:
+        return not self._step or self.clock.done(self._step)
+
+    def wait(self, stream=None) -> None:
+        pass
+
+
+def _events_on(clock: DeviceClock, runner) -> None:
+    """The async path's events wait on the device: vLLM's CPU worker made torch.cuda.Event / torch.Event no-op
+    placeholders (vllm/v1/worker/cpu/shm.py); the simulated device's events stand in for them from here on in this
+    worker process (the sampled tokens' copy event of every step, the input batch's), and for the one the runner
+    already holds (its input-preparation event)."""
+    import torch
+
+    StreamEvent.clock = clock
+    torch.cuda.Event = StreamEvent
+    torch.Event = StreamEvent
+    if getattr(runner, "prepare_inputs_event", None) is not None:
+        runner.prepare_inputs_event = StreamEvent()
 
 
 def install() -> bool:
