@@ -49,12 +49,10 @@ def _rank(name, rank, world, delays_ms, out):
     out.put((rank, res))
 
 
-def test_tp_ranks_end_each_step_together_at_the_last_start_plus_the_step_time():
-    name, world = _name(), 3
-    # per rank, the delay before each of 4 steps: a different rank starts last in each step
-    delays = {0: [0, 10, 0, 0], 1: [0, 0, 15, 0], 2: [20, 0, 0, 0]}
+def _run_ranks(target, name, world, delays) -> dict:
+    """Runs target(name, rank, world, delays[rank], out) in one forked process per rank: {rank: its results}."""
     out = CTX.Queue()
-    procs = [CTX.Process(target=_rank, args=(name, r, world, delays[r], out)) for r in range(world)]
+    procs = [CTX.Process(target=target, args=(name, r, world, delays[r], out)) for r in range(world)]
     for p in procs:
         p.start()
     results = dict(out.get(timeout=60) for _ in procs)
@@ -63,6 +61,14 @@ def test_tp_ranks_end_each_step_together_at_the_last_start_plus_the_step_time():
         assert p.exitcode == 0
     out.close()
     out.join_thread()
+    return results
+
+
+def test_tp_ranks_end_each_step_together_at_the_last_start_plus_the_step_time():
+    name, world = _name(), 3
+    # per rank, the delay before each of 4 steps: a different rank starts last in each step
+    delays = {0: [0, 10, 0, 0], 1: [0, 0, 15, 0], 2: [20, 0, 0, 0]}
+    results = _run_ranks(_rank, name, world, delays)
     for step in range(4):
         rows = [results[r][step] for r in range(world)]
         last_start = max(r[0] for r in rows)
@@ -147,14 +153,7 @@ def _async_rank(name, rank, world, delays_ms, out):
 def test_tp_ranks_launching_ahead_end_each_step_together():
     name, world = _name(), 2
     delays = {0: [0, 0, 0, 0], 1: [10, 0, 12, 0]}  # rank 1 launches steps 1 and 3 late
-    out = CTX.Queue()
-    procs = [CTX.Process(target=_async_rank, args=(name, r, world, delays[r], out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=60) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    results = _run_ranks(_async_rank, name, world, delays)
     prev_end = 0
     for step in range(4):
         launches = [results[r][step][0] for r in range(world)]
