@@ -19,8 +19,8 @@ Contract:
     launches (vLLM's async output copy thread), in any order of steps; one launching thread per rank.
 - Every rank launches the same steps (vLLM's TP ranks run the same steps, warm-up included). A rank that has not
   launched step k within ``peer_timeout_s`` (60 s) of this rank makes its waits raise RuntimeError naming it. A
-  rank keeps its last 16 launch times for its peers: a peer 16 steps behind raises (vLLM keeps at most 2 in
-  flight).
+  rank keeps its last 16 launch times for its peers: a wait on a step that a peer launched 16 or more of its
+  steps ago raises RuntimeError (vLLM keeps at most 2 in flight).
 - The ranks meet in one shared-memory segment, ``/dev/shm/hotloop.devclock.<name>``, opened (created if absent)
   by each rank; rank 0 removes the name once every rank has run a step (the mappings stay), and ``close()``
   removes it too, so a normal run leaves nothing. Only ranks of one process tree (one user) share it: 0600.
