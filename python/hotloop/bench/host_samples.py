@@ -46,8 +46,10 @@ Contract:
   C++ callable itself, with no Python frame: there only ``native=True`` sees the wait.
 - Errors: ``ValueError`` for a pid that is not running or a bad argument; ``SamplingError`` (a RuntimeError) when
   py-spy is missing (says to ``pip install py-spy``) or cannot attach (its message, and what to change).
-- Cost: py-spy takes ~1-3 % of a core per sampled process at 100 Hz (non-blocking), on its own CPUs; the sampled
-  process is not stopped.
+- Cost: py-spy's own CPU, per sampled process at 100 Hz, startup included: 0.33 s for a 4 s recording of a
+  9-thread process non-blocking (~8 % of a core; 0.45 s blocking, 0.74 s with --native). The sampled process is not
+  stopped; on a host with few cores py-spy's CPU competes with it, so sample a repetition of a load, not the run
+  whose latency is reported.
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ def _realtime() -> None:
     when its timer fires rather than when the loaded CPUs let it run: on a host with more runnable threads than
     cores, a sampler at normal priority runs mostly while its target is off the CPU, and reads it idle too often
     (measured: a vLLM engine core read runnable 49 % of the time against schedstat's 89 %). Elsewhere it runs at
-    normal priority (py-spy's own CPU is ~1-3 % of a core per process at 100 Hz)."""
+    normal priority."""
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
     except OSError:
