@@ -4,7 +4,8 @@ the output copy thread waits for the device): every TP rank's model runs on the 
 hotloop's queue with its engine-core loop (the bench's other arms, vLLM with its spinloop extension and hotloop's
 queue alone, run in ``hotloop bench vllm --device sim``: they add four minutes of engine starts); greedy outputs
 are the device's deterministic tokens (the synchronous path's: one engine runs that path too) and identical
-across the arms and shapes; a step lasts at least its modelled time; the device leaves nothing in /dev/shm.
+across the arms and shapes; a step lasts at least its modelled time; the sampled repetition of the decode shape
+(py-spy) has every process's waiting and measured CPU; the device leaves nothing in /dev/shm.
 
 Needs vLLM; vLLM runs in child processes, one engine at a time (forwards cost no CPU: two workers and the engine
 core share the two cores as on a GPU host)."""
@@ -65,9 +66,19 @@ def test_a_step_takes_at_least_its_modelled_time(record):
 def test_the_record_has_every_figure_the_goals_read(record):
     names = [g["goal"] for g in record["goals"]]
     assert any("host CPU" in n for n in names) and any("hand-off" in n for n in names)
+    assert any("waiting CPU" in n and "sampled" in n for n in names), names
     for arm in record["arms"]:
         pct = record["tp"][2]["decode"][arm]["cpu_pct"]
         assert {"front_end", "engine_core", "worker0", "worker1"} <= set(pct), pct
+        # the sampled repetition of the decode shape (py-spy): every process, its waiting and measured CPU, and the
+        # workers' output copy threads (async scheduling) found
+        sampled = record["tp"][2]["sampled"][arm]
+        assert {"front_end", "engine_core", "worker0", "worker1"} <= set(sampled), sampled
+        for name in ("engine_core", "worker0", "worker1"):
+            got = sampled[name]
+            assert 0 <= got["waiting_cpu_pct"] <= got["measured_cpu_pct"] + 10, (name, got)
+            assert got["measured_cpu_pct"] > 1, (name, got)  # a decoding process does host work
+        assert sampled["total"]["measured_cpu_pct"]["median"] > 0
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("hotloop.devclock.")]
 
 

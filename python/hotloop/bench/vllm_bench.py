@@ -401,6 +401,48 @@ async def _run_shape(engine, shape: Shape, seed: int) -> dict:
             "ttft_ms": ttft, "itl_ms": itl, "token_ids": [r["ids"] for r in res]}
 
 
+SAMPLE_S = 3  # the sampled repetition of the decode shape: py-spy's window (whole seconds)
+SAMPLE_HZ = 100
+
+
+async def _sampled_decode(engine, shape: Shape, seed: int) -> dict:
+    """Where the host CPU goes while decoding, by sampling (bench/host_samples.py): py-spy on the front end, the
+    engine core and each worker for SAMPLE_S s while the decode shape runs again and again (a repetition of its
+    own: py-spy takes CPU of these two cores, so the timed run above is not the one sampled). Per process: the
+    waiting share of its samples, its waiting and work CPU and its measured CPU (percent of a core), the
+    sampler's check; the workers' output copy threads (async scheduling) apart."""
+    import asyncio
+
+    from vllm import SamplingParams
+
+    from hotloop.bench import host_samples
+
+    me = os.getpid()
+    found = tree(me)
+    kind = {p: process_kind(p, c, me) for p, c in found.items()}
+    workers = sorted(p for p, k in kind.items() if k == "worker")
+    pids = {"front_end": me, "engine_core": next(p for p, k in kind.items() if k == "engine_core"),
+            **{f"worker{i}": p for i, p in enumerate(workers)}}
+    params = SamplingParams(temperature=0.0, max_tokens=shape.output_tokens, ignore_eos=True)
+    prompts = _prompt_ids(shape.n, shape.prompt_tokens, seed)
+    sampler = await asyncio.to_thread(host_samples.Sampler(pids, SAMPLE_S, SAMPLE_HZ).start)
+    done = asyncio.ensure_future(asyncio.to_thread(sampler.wait))
+    rep = 0
+    while not done.done():
+        rep += 1
+        await asyncio.gather(*(_one_request(engine, p, params, f"sampled{rep}-{i}", 0.0, time.monotonic())
+                               for i, p in enumerate(prompts)))
+    got = await done
+    out = {}
+    for name, r in got.items():
+        copy = [t for t in r["threads"].values() if t.get("name") == "WorkerAsyncOutputCopy"]
+        out[name] = {"waiting_share": r["waiting_share"], "waiting_cpu_pct": r["waiting_cpu_pct"],
+                     "work_cpu_pct": r["work_cpu_pct"], "measured_cpu_pct": r["measured_cpu_pct"],
+                     "check": r["check"], "top_waiting": r["top_waiting"][:3],
+                     "output_thread_waiting_cpu_pct": sum(t["waiting_cpu_pct"] for t in copy)}
+    return out
+
+
 def _shapes_driver(args) -> int:
     """One AsyncLLM engine of one arm: every shape in turn, then its idle CPU; one JSON line on stdout."""
     import asyncio
@@ -425,6 +467,9 @@ def _shapes_driver(args) -> int:
             out = {"queue_class": queue_class, "sim_device": sim_device}
             for shape in shapes(args.quick, args.device):
                 out[shape.name] = await _run_shape(engine, shape, args.seed)
+            if args.device == "sim" and os.environ.get("HOTLOOP_BENCH_SAMPLE", "1") != "0":
+                decode = next(s for s in shapes(args.quick, args.device) if s.name == "decode")
+                out["sampled"] = await _sampled_decode(engine, decode, args.seed)
             out["idle_pct"] = idle_cpu(os.getpid())[0]
         finally:
             engine.shutdown()
@@ -634,7 +679,39 @@ def summarize(raw: dict, tps, quick: bool, rounds: int, arms=ARMS, device: str =
                                           for k in FIGURES}
         rec["idle"] = {arm: {k: _stats([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
                        for arm in arms}
+        if all("sampled" in r for arm in arms for r in raw[(tp, arm)]):
+            rec["sampled"] = _summarize_sampled({arm: [r["sampled"] for r in raw[(tp, arm)]] for arm in arms})
     return data
+
+
+def sampled_totals(run: dict) -> dict:
+    """One sampled repetition's sums over the engine core and the workers: waiting CPU, measured CPU (% of a core)."""
+    mine = [v for k, v in run.items() if k == "engine_core" or k.startswith("worker")]
+    return {"waiting_cpu_pct": sum(v["waiting_cpu_pct"] for v in mine),
+            "measured_cpu_pct": sum(v["measured_cpu_pct"] for v in mine),
+            "output_thread_waiting_cpu_pct": sum(v["output_thread_waiting_cpu_pct"] for v in mine)}
+
+
+def _summarize_sampled(per_arm: dict[str, list[dict]]) -> dict:
+    """Per arm: each process's figures (median over rounds), the engine core + workers' totals, and the totals'
+    within-round ratios to vLLM's (and to vLLM with its spinloop extension, where that arm ran)."""
+    out = {}
+    for arm, runs in per_arm.items():
+        procs = sorted(set().union(*runs))
+        out[arm] = {name: {k: median([r[name][k] for r in runs if name in r])
+                           for k in ("waiting_share", "waiting_cpu_pct", "work_cpu_pct", "measured_cpu_pct",
+                                     "output_thread_waiting_cpu_pct")} for name in procs}
+        for name in procs:
+            out[arm][name]["check"] = [r[name]["check"] for r in runs if name in r]
+            out[arm][name]["top_waiting"] = runs[-1].get(name, {}).get("top_waiting", [])
+        totals = [sampled_totals(r) for r in runs]
+        out[arm]["total"] = {k: _stats([t[k] for t in totals]) for k in totals[0]}
+        for base in ("vllm", "vllm+spinloop"):
+            if arm != base and base in per_arm:
+                own = [sampled_totals(r) for r in per_arm[base]]
+                out[arm][f"/{base}"] = {k: _stats([t[k] / o[k] if o[k] else math.nan for t, o in zip(totals, own)])
+                                        for k in ("waiting_cpu_pct", "measured_cpu_pct")}
+    return out
 
 
 def goals(data: dict, tps) -> list[dict]:
@@ -705,6 +782,17 @@ def goals_sim(data: dict, tps) -> list[dict]:
         out.append({"goal": f"{arm}: TTFT p99 and ITL p99 (arrivals, Poisson) <= 0.9x vLLM's",
                     "met": all(v <= 0.9 for v in lat.values()),
                     "detail": ", ".join(f"{k} {v:.2f}" for k, v in lat.items())})
+        if all("sampled" in data["tp"][tp] for tp in tp_all):
+            w = {f"TP={tp}": data["tp"][tp]["sampled"][arm]["/vllm"]["waiting_cpu_pct"]["median"] for tp in tp_all}
+            whole = {f"TP={tp}": data["tp"][tp]["sampled"][arm]["/vllm"]["measured_cpu_pct"]["median"]
+                     for tp in tp_all}
+            spin = ({f"TP={tp}": data["tp"][tp]["sampled"][arm]["/vllm+spinloop"]["waiting_cpu_pct"]["median"]
+                     for tp in tp_all} if "vllm+spinloop" in arms else {})
+            out.append({"goal": f"{arm}: waiting CPU of the engine core and workers while decoding (sampled) <= 0.05x "
+                                "vLLM's" + (" and <= 0.1x vLLM's with its spinloop extension" if spin else ""),
+                        "met": all(v <= 0.05 for v in w.values()) and all(v <= 0.1 for v in spin.values()),
+                        "detail": ", ".join(f"{k} {w[k]:.2f}" + (f" / {spin[k]:.2f}" if spin else "") +
+                                            f" (whole processes {whole[k]:.2f})" for k in w)})
         cpu = {f"TP={tp}": ratio(tp, arm, "decode", "host_cpu_pct") for tp in tp_all}
         if "vllm+spinloop" in arms:
             cpu_spin = {f"TP={tp}": ratio(tp, arm, "decode", "host_cpu_pct", base="vllm+spinloop") for tp in tp_all}
@@ -772,6 +860,8 @@ def render(data: dict, tps, quick: bool) -> Report:
                        ["TP / arm", "front end", "engine core", "each worker", "engine core + workers", "other"],
                        cpu_rows(data, tps, lambda tp, arm, pct: [fmt(pct.get("engine_core+workers"), 0),
                                                                   fmt(pct.get("other", 0.0), 0)])))
+    if all("sampled" in data["tp"][tp] for tp in tps):
+        parts.append(_sampled_table(data, tps))
     parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
                            for g in data["goals"]))
     parts.append("Method: one fresh engine per TP and arm (vLLM: vLLM's queue and loop; hotloop: hotloop's queue, "
@@ -781,6 +871,39 @@ def render(data: dict, tps, quick: bool) -> Report:
                  "hand-off: from the end of the input thread's preprocessing, i.e. the queue itself). "
                  "Greedy outputs compared across arms and rounds per shape.")
     return Report(parts)
+
+
+def _sampled_table(data: dict, tps):
+    """Where the host CPU goes while decoding, sampled (bench/host_samples.py)."""
+    rows = []
+    for tp in tps:
+        for arm in data["arms"]:
+            rec = data["tp"][tp]["sampled"][arm]
+            workers = sorted(k for k in rec if k.startswith("worker"))
+
+            def cell(name):
+                v = rec[name]
+                return f"{fmt(v['waiting_cpu_pct'], 1)} / {fmt(v['measured_cpu_pct'], 0)} ({fmt(100 * v['waiting_share'], 0)} %)"
+
+            ratio = rec.get("/vllm", {}).get("waiting_cpu_pct")
+            tot = rec["total"]
+            rows.append([f"TP={tp} {arm}", cell("front_end"), cell("engine_core"),
+                         " + ".join(cell(w) for w in workers),
+                         " + ".join(fmt(rec[w]["output_thread_waiting_cpu_pct"], 1) for w in workers),
+                         f"{fmt(tot['waiting_cpu_pct']['median'], 1)} / {fmt(tot['measured_cpu_pct']['median'], 0)}",
+                         fmt(ratio["median"], 2) if ratio else "-",
+                         "ok" if all(c == "ok" for k in rec if not k.startswith(("total", "/"))
+                                     for c in rec[k]["check"]) else "see JSON"])
+    return table(f"Where the host CPU goes while decoding, sampled (py-spy at {SAMPLE_HZ} Hz for {SAMPLE_S} s on a "
+                 "repetition of the decode shape): waiting CPU / measured CPU, % of a core (waiting share of the "
+                 "samples)",
+                 ["TP / arm", "front end", "engine core", "each worker", "of it the output thread waiting",
+                  "engine core + workers waiting / measured", "waiting x vLLM", "sampler check"], rows,
+                 note="Waiting: vLLM's SpinCondition / sched_yield / zmq poll, hotloop's wait (its dequeue frame: the "
+                      "unpickling done in that call counts with it), the device event's synchronize; work: the "
+                      "rest (bench/host_samples.py, WAIT_FRAMES). Measured: every thread's schedstat over the window. "
+                      "Medians over rounds; the ratio is the median of within-round ratios.",
+                 key="sampled")
 
 
 def _hop_names():
