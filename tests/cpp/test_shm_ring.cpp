@@ -324,7 +324,9 @@ TEST_F(ShmRingTest, SegmentsOfDeadCreatorsAreReapedOnlyInThisPidNamespace) {
   RingGeometry g;
   g.capacity = 4096;
   ShmRing live = ShmRing::create(g);  // its creator (this process) is alive: kept
-  EXPECT_GE(ShmRing::reap_stale_segments(), 1);
+  // Another reaper on this machine (a test running beside this one, a Python MessageQueue being created) may
+  // remove the stale segment first: what is checked is what is left, not who removed it.
+  ShmRing::reap_stale_segments();
   EXPECT_NE(access(("/dev/shm" + stale).c_str(), F_OK), 0) << "the dead creator's segment is gone";
   EXPECT_EQ(access(("/dev/shm" + live.name()).c_str(), F_OK), 0) << "the live creator's segment stays";
   EXPECT_EQ(access(("/dev/shm" + foreign).c_str(), F_OK), 0) << "another namespace's pid proves nothing";
@@ -382,12 +384,14 @@ TEST_F(ShmRingTest, NodeRingsAreReapedByTheirHeadersWriter) {
     ShmRing w = ShmRing::create(g, dead_name);
     _exit(0);  // dies without unlinking (no destructors)
   }
-  wait_child(pid);
+  ASSERT_EQ(wait_child(pid), 0) << "the child created its ring, then died";
   RingGeometry g;
   g.capacity = 4096;
   ShmRing live = ShmRing::create(g, live_name);
-  ASSERT_EQ(access(("/dev/shm" + dead_name).c_str(), F_OK), 0);
-  EXPECT_GE(ShmRing::reap_stale_segments(), 1);
+  ASSERT_EQ(access(("/dev/shm" + live_name).c_str(), F_OK), 0) << "a node ring is created under the name given";
+  // The child's ring may already be gone: another reaper on this machine (a test running beside this one, a Python
+  // MessageQueue being created) reaps it as soon as its writer is dead. What is checked is what is left.
+  ShmRing::reap_stale_segments();
   EXPECT_NE(access(("/dev/shm" + dead_name).c_str(), F_OK), 0) << "its header's writer is dead";
   EXPECT_EQ(access(("/dev/shm" + live_name).c_str(), F_OK), 0) << "its header's writer (this process) lives";
 }
