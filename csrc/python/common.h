@@ -8,6 +8,8 @@
 #include <memory>
 #include <vector>
 
+#include "hotloop/owned_bytes.h"
+#include "hotloop/shm_ring.h"
 #include "hotloop/source.h"
 #include "hotloop/wait_any.h"
 
@@ -122,5 +124,12 @@ void bind_step(nb::module_& m);
 void bind_cuda(nb::module_& m);
 void bind_nvtx(nb::module_& m);
 void bind_shm_ring(nb::module_& m);
+void bind_remote(nb::module_& m);
+
+// A writable memoryview owning `b` (no copy): a message handed to its reader (bind_shm_ring.cpp).
+nb::object to_python(OwnedBytes&& b);
+// The ring of a hotloop._core.ShmRing object; TypeError for anything else, ClosedError once it is closed
+// (bind_shm_ring.cpp).
+ShmRing& shm_ring_of(nb::handle ring);
 
 }  // namespace hotloop::py
