@@ -63,10 +63,12 @@ struct PyZmqReader {
   std::unique_ptr<ZmqReader> reader;  // never reset before the object dies: another thread may be inside a call
 };
 
-// Waits for the next message with the GIL released; `sink` (may be null) takes it.
+// Waits for the next message with the GIL released (held, during the interpreter's finalization: a __del__ at
+// exit); `sink` (may be null) takes it.
 bool released_next(ZmqReader& r, const nb::object& timeout, WaitPolicy& policy, const ZmqReader::Sink* sink,
                    const char* who) {
   const int64_t t = timeout_ns(timeout, who);
+  if (interpreter_finalizing()) return r.next(t, policy, nullptr, sink);
   const WaitHooks* hooks = signal_hooks();
   PromptGil prompt(true);
   ReleasedGil released;
@@ -115,13 +117,17 @@ void send(PyZmqWriter& self, nb::handle parts, const nb::object& timeout, bool f
   const int64_t t = timeout_ns(timeout, "remote writer send");
   Buffers<ZmqWriter::Part> buffers(parts);
   if (buffers.size() == 0) throw nb::value_error("a message needs at least one part");
+  auto go = [&](const WaitHooks* hooks) {
+    if (framed) {
+      self.writer->send(buffers.data(), buffers.size(), t, hooks);
+    } else {
+      self.writer->send_frames(buffers.data(), buffers.size(), t, hooks);
+    }
+  };
+  if (interpreter_finalizing()) return go(nullptr);  // a close() at exit: keep the GIL (see common.h)
   const WaitHooks* hooks = signal_hooks();
   ReleasedGil released;
-  if (framed) {
-    self.writer->send(buffers.data(), buffers.size(), t, hooks);
-  } else {
-    self.writer->send_frames(buffers.data(), buffers.size(), t, hooks);
-  }
+  go(hooks);
 }
 
 }  // namespace
@@ -158,21 +164,16 @@ void bind_remote(nb::module_& m) {
              return released_next(*s.reader, timeout, policy, nullptr, "remote reader wait_readable");
            },
            "timeout"_a = nb::none(), "policy"_a, "Wait until a message is held: True, or False at the timeout.")
-      .def("readable",
-           [](PyZmqReader& s) {
-             ReleasedGil released;
-             return s.reader->readable();
-           },
+      // readable, cancel and close keep the GIL: they never block for long (the lock they take is held only while
+      // another thread reads ZeroMQ, never while it waits or needs the GIL), and a close() at exit must not let
+      // go of it (see common.h).
+      .def("readable", [](PyZmqReader& s) { return s.reader->readable(); },
            "Take what ZeroMQ holds without blocking; whether a message (or the stream's end) is there to take.")
       .def("forward", &forward, "ring"_a, "policy"_a, "write_policy"_a,
            "A node's relay: wait for the next message and write it into the ShmRing `ring`.")
       .def("cancel", [](PyZmqReader& s) { s.reader->cancel(); },
            "Any thread: every wait of this reader, running or later, ends with ClosedError.")
-      .def("close",
-           [](PyZmqReader& s, bool release_fds) {
-             ReleasedGil released;  // waits for a thread inside ZeroMQ through this reader
-             return s.reader->close(release_fds);
-           },
+      .def("close", [](PyZmqReader& s, bool release_fds) { return s.reader->close(release_fds); },
            "release_fds"_a,
            "Any thread: cancel, then stop using the sockets (close them after this returns); with release_fds "
            "its descriptors are closed too. False if it was closed already.");

@@ -78,6 +78,10 @@ class ReleasedGil {
   PyThreadState* state_;
 };
 
+// Whether the interpreter is finalizing (callable without the GIL). A call made then (a __del__ at exit) keeps
+// the GIL: a ReleasedGil would park it forever on its way back.
+bool interpreter_finalizing();
+
 // Runs wait_any with the GIL released. On the main thread the park is sliced (500 ms) so that a pending
 // signal (Ctrl-C) is handled: the Python exception it raises propagates out of this call.
 // If woke_ns is given, it receives the CLOCK_MONOTONIC time at which the core wait returned, before the GIL
