@@ -144,7 +144,18 @@ void ZmqReader::take_events() {
 }
 
 void ZmqReader::take_message(bool probe) {
-  if (!held_.empty() || shut_down_) return;
+  // A corrupt message is dropped and reported, but only once the reader looked for the one behind it: the
+  // descriptor stays re-armed (or the next message held), so nothing after it waits for another arrival.
+  std::string corrupt;
+  while (take_one(probe, corrupt)) probe = true;
+  if (!corrupt.empty()) {
+    throw std::invalid_argument("queue " + name_ + ": corrupt frame kind " + corrupt + " from " + address_ +
+                                "; is another program publishing on this port?");
+  }
+}
+
+bool ZmqReader::take_one(bool probe, std::string& corrupt) {
+  if (!held_.empty() || shut_down_) return false;
   if (probe) {
     // ~1 us (a poll() in ZeroMQ); worth it where a message is unlikely: a receive that finds none costs the same
     // and re-arms the descriptor as well, so after a wake-up the receive goes first.
@@ -153,7 +164,7 @@ void ZmqReader::take_message(bool probe) {
     if (api_.zmq_getsockopt(sock_, zmq_abi::kEvents, &events, &len) != 0) {
       zmq_failed("zmq_getsockopt(ZMQ_EVENTS)", api_.zmq_errno());
     }
-    if (!(events & zmq_abi::kPollIn)) return;
+    if (!(events & zmq_abi::kPollIn)) return false;
   }
   std::vector<ZmqMsg> frames;
   frames.reserve(2);
@@ -167,7 +178,7 @@ void ZmqReader::take_message(bool probe) {
       const int err = api_.zmq_errno();
       const bool first = frames.size() == 1;
       close_frames(frames);
-      if (err == EAGAIN && first) return;
+      if (err == EAGAIN && first) return false;
       zmq_failed("zmq_msg_recv", err);
     }
     more = api_.zmq_msg_more(&frames.back()) != 0;
@@ -175,7 +186,7 @@ void ZmqReader::take_message(bool probe) {
   if (frames.size() == 1) {
     held_ = std::move(frames);
     payload_from_ = 0;
-    return;
+    return false;
   }
   ZmqMsg& kind = frames[0];
   const size_t kind_size = api_.zmq_msg_size(&kind);
@@ -183,17 +194,16 @@ void ZmqReader::take_message(bool probe) {
   if (kind_size == 1 && k[0] == 'S') {
     shut_down_ = true;
     close_frames(frames);
-    return;
+    return false;
   }
   if (kind_size == 1 && k[0] == 'M') {
     held_ = std::move(frames);
     payload_from_ = 1;
-    return;
+    return false;
   }
-  const std::string what = bytes_repr(k, kind_size);
+  if (corrupt.empty()) corrupt = bytes_repr(k, kind_size);
   close_frames(frames);
-  throw std::invalid_argument("queue " + name_ + ": corrupt frame kind " + what + " from " + address_ +
-                              "; is another program publishing on this port?");
+  return true;  // dropped: look for the next
 }
 
 void ZmqReader::drain_locked() {

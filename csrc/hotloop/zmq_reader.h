@@ -81,6 +81,7 @@ class ZmqReader {
   void drain_locked();
   void take_events();
   void take_message(bool probe);
+  bool take_one(bool probe, std::string& corrupt);  // true: a corrupt message was dropped (kind in `corrupt`)
   bool has_something() const noexcept { return !held_.empty() || shut_down_ || lost_; }
   void sync_signal() noexcept;
   void close_frames(std::vector<ZmqMsg>& frames) noexcept;
