@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what hotloop's tests need on a fresh Debian machine and runs all of them:
+# Installs what hotloop's tests need on a fresh Debian machine and runs all of them (libzmq3-dev: the C++ tests of
+# the remote queue's hot path make their sockets with Debian's libzmq; the package itself never links libzmq):
 #   1. the C++ suite (GoogleTest via ctest) in a Release build, which also builds the microbenchmarks;
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer;
 #   3. the Python package: the release wheels for this machine's architecture, built once into build/dist by
@@ -29,7 +30,7 @@ step() { echo "== $* (at ${SECONDS} s)"; }
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 missing=()
-for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev spin chromium iproute2 nftables ccache; do
+for pkg in cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev libzmq3-dev pkg-config spin chromium iproute2 nftables ccache; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 # cmake and ninja may come from pip instead of Debian: only install what is absent altogether

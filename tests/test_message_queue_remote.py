@@ -305,3 +305,31 @@ def test_a_parked_remote_reader_woken_by_a_burst_reads_it_all_once_in_order_and_
             r.dequeue_bytes(timeout=0.05)
     q.close()
     r.close()
+
+
+_EXIT_SCRIPT = """
+import sys
+from hotloop import MessageQueue
+w = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
+r = MessageQueue.create_from_handle(w.export_handle(), 0)
+w.wait_until_ready(timeout=10)
+w.enqueue_bytes(b"x" * 64)
+assert bytes(r.dequeue_bytes(timeout=10)) == b"x" * 64
+r.close()  # closed now, and again by MessageQueue.__del__ while the interpreter finalizes
+if sys.argv[1] == "writer-open":
+    w.enqueue_bytes(b"y")  # the writer is left open: closed at exit
+else:
+    w.close()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("writer", ["writer-open", "writer-closed"])
+def test_a_process_with_remote_queue_ends_in_module_globals_exits(writer):
+    """Queue ends left in module globals are closed at exit (some twice: by close() and by __del__ while the
+    interpreter finalizes); the process exits instead of hanging there."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, writer], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "done", (proc.returncode, proc.stdout, proc.stderr)

@@ -24,13 +24,6 @@ using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::memview>;
 
 constexpr uint8_t kPickleProto = 0x80;  // pickle's PROTO opcode: the first byte of every protocol >= 2 pickle
 
-// A writable memoryview owning `b` (no copy).
-nb::object to_python(OwnedBytes&& b) {
-  auto* owned = new OwnedBytes(std::move(b));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<OwnedBytes*>(p); });
-  return nb::cast(Bytes(owned->data(), {owned->size()}, owner));
-}
-
 // The message of `m` as an owned buffer; a view into the ring is copied out and released.
 OwnedBytes take_owned(ShmRing& r, ShmRing::Message& m) {
   if (!m.owned.empty()) return std::move(m.owned);
@@ -340,6 +333,17 @@ void release(PyShmRing& self) {
 }
 
 }  // namespace
+
+nb::object to_python(OwnedBytes&& b) {
+  auto* owned = new OwnedBytes(std::move(b));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<OwnedBytes*>(p); });
+  return nb::cast(Bytes(owned->data(), {owned->size()}, owner));
+}
+
+ShmRing& shm_ring_of(nb::handle ring) {
+  if (!nb::isinstance<PyShmRing>(ring)) throw nb::type_error("ring must be a hotloop._core.ShmRing");
+  return nb::inst_ptr<PyShmRing>(ring)->get();
+}
 
 void bind_shm_ring(nb::module_& m) {
   nb::exception<DeadPeerError>(m, "DeadPeerError", PyExc_RuntimeError);

@@ -195,8 +195,6 @@ nb::list SourceList::select(uint64_t mask) const {
 
 ReleasedGil::ReleasedGil() : state_(PyEval_SaveThread()) {}
 
-namespace {
-
 // Whether the interpreter is finalizing (callable without the GIL). The stable-ABI module (cp312-abi3: the
 // limited API has neither function) looks up what every CPython exports, Py_IsFinalizing (3.13+) or
 // _Py_IsFinalizing (3.12), once; where neither is found (an interpreter loaded with RTLD_LOCAL) it answers false,
@@ -216,8 +214,6 @@ bool interpreter_finalizing() {
   return _Py_IsFinalizing();
 #endif
 }
-
-}  // namespace
 
 ReleasedGil::~ReleasedGil() {
   const bool finalizing = interpreter_finalizing();

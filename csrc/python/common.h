@@ -8,6 +8,8 @@
 #include <memory>
 #include <vector>
 
+#include "hotloop/owned_bytes.h"
+#include "hotloop/shm_ring.h"
 #include "hotloop/source.h"
 #include "hotloop/wait_any.h"
 
@@ -76,6 +78,10 @@ class ReleasedGil {
   PyThreadState* state_;
 };
 
+// Whether the interpreter is finalizing (callable without the GIL). A call made then (a __del__ at exit) keeps
+// the GIL: a ReleasedGil would park it forever on its way back.
+bool interpreter_finalizing();
+
 // Runs wait_any with the GIL released. On the main thread the park is sliced (500 ms) so that a pending
 // signal (Ctrl-C) is handled: the Python exception it raises propagates out of this call.
 // If woke_ns is given, it receives the CLOCK_MONOTONIC time at which the core wait returned, before the GIL
@@ -122,5 +128,12 @@ void bind_step(nb::module_& m);
 void bind_cuda(nb::module_& m);
 void bind_nvtx(nb::module_& m);
 void bind_shm_ring(nb::module_& m);
+void bind_remote(nb::module_& m);
+
+// A writable memoryview owning `b` (no copy): a message handed to its reader (bind_shm_ring.cpp).
+nb::object to_python(OwnedBytes&& b);
+// The ring of a hotloop._core.ShmRing object; TypeError for anything else, ClosedError once it is closed
+// (bind_shm_ring.cpp).
+ShmRing& shm_ring_of(nb::handle ring);
 
 }  // namespace hotloop::py

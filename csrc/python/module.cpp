@@ -28,6 +28,7 @@ NB_MODULE(_core, m) {
   hotloop::py::bind_cuda(m);
   hotloop::py::bind_nvtx(m);
   hotloop::py::bind_shm_ring(m);
+  hotloop::py::bind_remote(m);
   hotloop::py::bind_bench(m);
   // The importing thread (usually the one that runs the loop) gets its park ring now: its first wait over
   // doorbells and descriptors together then pays no setup, and the ring's descriptor exists from import on.

@@ -26,8 +26,8 @@ Contract:
 Why the node's first reader and not a relay process of its own: nothing more to start, supervise or clean up
 (a relay process outliving its readers, or dying alone, would need both), and the ranks of a node live and die
 together in the engines this serves (a tensor-parallel worker lost ends the engine either way). The cost is that
-the relay's rank carries the relay thread: one receive and one ring write per message, with the GIL held only
-between them.
+the relay's rank carries the relay thread: one receive and one ring write per message, both in one C++ call with
+the GIL released (``RemoteSubscriber.forward``).
 """
 
 from __future__ import annotations
@@ -123,11 +123,12 @@ class Relay:
     def _run(self) -> None:
         ring, stream = self.ring, self.stream
         try:
+            stream.wait_readable(None)  # the first message: every reader of the node is in
+            self._seal()
             while True:
-                msg = stream.read(None)
-                if self.relayed == 0:
-                    self._seal()
-                ring.write(msg, None, _WRITE_POLICY)  # the frames' buffers: copied once, into the ring
+                # One call with the GIL released: the receive and the write of its frames into the ring (copied
+                # once, into the ring).
+                stream.forward(ring, _WRITE_POLICY)
                 self.relayed += 1
         except ClosedError:
             if stream.closed:  # close(): this process is leaving; the node's other readers lose their relay
@@ -183,7 +184,7 @@ def attach(handle, rank: int, node: str):
     try:
         if ring is not None:
             stream = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_server_key, keys,
-                                      handle.remote_hwm, topic=node_topic(node), as_parts=True)
+                                      handle.remote_hwm, topic=node_topic(node))
             relay = Relay(ring, final, stream, rank, node)
         reader = _core.ShmRing.attach(final, slot, capacity, n_remote)
     except BaseException:

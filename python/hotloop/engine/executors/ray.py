@@ -260,7 +260,9 @@ class RayExecutor(WorkerGroupExecutor):
         done, pending = concurrent.futures.wait([stop, *runs], return_when=concurrent.futures.FIRST_COMPLETED)
         if self._stopping or stop in done:
             return
-        outcomes = [self._outcome(runs[f]) for f in runs if f in done]
+        # A rank that died before one that raised when both are in (a rank raises when it lost a peer in a
+        # collective): the first named is the one that died, however the two reports were ordered on their way here.
+        outcomes = sorted((self._outcome(runs[f]) for f in runs if f in done), key=lambda o: o[0])
         why = "; ".join(w for _, w in outcomes)
         if any(raised for raised, _ in outcomes) and len(pending) > 1:
             # A rank that raised often lost a peer in a collective; Ray reports the peer's death itself a few ms

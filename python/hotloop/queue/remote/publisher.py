@@ -3,7 +3,10 @@
 One thread writes (``write``, ``shutdown``, ``close``); ``poll_peers`` is called from that thread too. ``write``
 blocks only while a reader is ``hwm`` messages behind, up to its timeout; it takes in subscription changes and
 refused handshakes every ``PEER_CHECK_EVERY`` writes and every ``PEER_CHECK_INTERVAL``. ``close`` waits for the
-socket's queued messages to go out, up to ``WRITER_LINGER_S``.
+socket's queued messages to go out, up to ``WRITER_LINGER_S``. The socket is set up here with pyzmq (CurveZMQ, ZAP,
+bind) and its subscriptions and monitor read here (``poll_peers``); a message's framing and send, and the count
+that says when to look at the peers, run in C++ (``_core.ZmqWriter``, csrc/hotloop/zmq_writer.h) with the GIL
+released, through the libzmq pyzmq loaded.
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ import time
 import zmq
 import zmq.utils.monitor
 
-from hotloop._core import ClosedError, DeadPeerError, QueueTimeout
+from hotloop._core import ClosedError, DeadPeerError, ZmqWriter
 from hotloop.queue.remote.context import OPEN_ENDS, ProcessZmq
 from hotloop.queue.remote.curve import new_keys
 from hotloop.queue.remote.sockets import default_connect_ip, keepalive, monitor_socket
-from hotloop.queue.remote.wire import KIND_MESSAGE, KIND_SHUTDOWN, NODE_TOPIC, parse_rank_topic, rank_topic
+from hotloop.queue.remote.wire import KIND_SHUTDOWN, NODE_TOPIC, parse_rank_topic, rank_topic
 
 # A writer takes in subscription changes and refused handshakes at least every this many sends and this often: a
 # look reads ZMQ_EVENTS or receives (each a system call in ZeroMQ, ~1.2 us measured on this project's 2-core
@@ -65,9 +68,6 @@ class RemotePublisher:
         self.relay_rank: dict[str, int] = {}  # node -> the rank whose process runs its relay
         self._lost_relay: dict[int, str] = {}  # rank -> node, for ranks in `dead` because their relay went
         self.is_shut_down = False
-        self._send_timeout_ms = None  # the SNDTIMEO last set (set again only when it changes)
-        self._sends_unchecked = 0  # sends since the last look at subscriptions and refused handshakes
-        self._next_peer_check = 0.0  # time.monotonic() at which write() looks again
 
     def _open(self, server_secret: bytes, connect_ip: str | None, bind_ip: str | None, hwm: int) -> None:
         self._zap_domain = self._zmq.admit({pub: r for r, (pub, _) in zip(self.ranks, self.client_keys)})
@@ -85,6 +85,8 @@ class RemotePublisher:
         connect_ip = connect_ip or default_connect_ip()
         port = self._sock.bind_to_random_port(f"tcp://{bind_ip or connect_ip}")
         self.address = f"tcp://{connect_ip}:{port}"
+        # The hot path (borrows the socket; counts the sends between looks at the peers).
+        self._core = ZmqWriter(self._sock.underlying, self.queue_name, PEER_CHECK_EVERY, PEER_CHECK_INTERVAL)
 
     def _release(self) -> None:
         if getattr(self, "_zap_domain", None) is not None:
@@ -113,8 +115,7 @@ class RemotePublisher:
 
     def poll_peers(self) -> None:
         """Take in every subscription change and refused handshake that arrived (never blocks)."""
-        self._sends_unchecked = 0
-        self._next_peer_check = time.monotonic() + PEER_CHECK_INTERVAL
+        self._core.peers_checked()
         self._drain_rejections()
         while True:
             try:
@@ -248,11 +249,10 @@ class RemotePublisher:
 
     def write(self, parts, timeout: float | None, policy=None) -> None:
         """Publish one message (its parts are copied once into ZeroMQ's buffers; `policy` is not used: a full send
-        buffer is waited for in ZeroMQ)."""
+        buffer is waited for in ZeroMQ). Raises QueueTimeout when a reader stays a full send buffer behind."""
         if self.is_shut_down:
             raise ClosedError(f"queue {self.queue_name}: enqueue after shutdown()")
-        self._sends_unchecked += 1
-        if self._sends_unchecked >= PEER_CHECK_EVERY or time.monotonic() >= self._next_peer_check:
+        if self._core.check_due():
             self.poll_peers()
         if self.dead or self.twice:
             self._check_peers()
@@ -260,24 +260,7 @@ class RemotePublisher:
             self.poll_peers()  # a reader of a dropped rank may have come back since the last look
             if not self.attached:
                 return  # every remote reader left (dropped): nothing to send to
-        if len(parts) == 1:
-            self._send(parts[0], timeout, multipart=False)
-        else:
-            self._send([KIND_MESSAGE, *parts], timeout, multipart=True)
-
-    def _send(self, frames, timeout: float | None, multipart: bool) -> None:
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        if ms != self._send_timeout_ms:
-            self._sock.setsockopt(zmq.SNDTIMEO, ms)
-            self._send_timeout_ms = ms
-        try:
-            if multipart:
-                self._sock.send_multipart(frames)
-            else:
-                self._sock.send(frames)
-        except zmq.Again:
-            raise QueueTimeout(f"queue {self.queue_name}: a remote reader is a full send buffer behind and did not "
-                               f"catch up within {timeout} s; it is too slow or stuck") from None
+        self._core.send(parts, timeout)
 
     def shutdown(self) -> None:
         """Tell every remote reader that no message follows (best effort: a reader gone already misses it)."""
@@ -285,7 +268,7 @@ class RemotePublisher:
             return
         self.is_shut_down = True
         try:
-            self._send([KIND_SHUTDOWN, b""], 1.0, multipart=True)
+            self._core.send_frames([KIND_SHUTDOWN, b""], 1.0)
         except TimeoutError:
             pass
 
@@ -296,7 +279,8 @@ class RemotePublisher:
         self.shutdown()
         if os.getpid() == self._owner_pid:  # a forked copy leaves the parent's sockets alone
             self._release()
-        self._sock = None
+        self.is_shut_down = True  # write() raises ClosedError from now on: the hot path's socket is gone
+        self._sock = self._core = None
 
 
 def _user_id(frame: zmq.Frame) -> str | None:
