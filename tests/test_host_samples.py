@@ -2,6 +2,7 @@
 busy-spin as vLLM's SpinCondition does (waiting, a core), wait in hotloop's queue with no message (~0 CPU) or
 compute (work), with the sampled CPU checked against the threads' schedstat."""
 
+import glob
 import os
 import subprocess
 import sys
@@ -118,6 +119,9 @@ def _py_spy_attaches() -> str:
 
 @pytest.fixture(scope="module")
 def py_spy():
+    if sys.version_info < (3, 11):  # the children run this Python
+        pytest.skip("py-spy's --nonblocking mode gets OS thread ids only from Python 3.11 on (host_samples refuses "
+                    "older targets: test_an_older_python_is_refused_with_what_to_do)")
     why = _py_spy_attaches()
     if why:
         pytest.skip(why)
@@ -289,6 +293,21 @@ def test_bad_arguments(kw, match):
     args = {"pids": {"me": os.getpid()}, "seconds": 1, **kw}
     with pytest.raises(ValueError, match=match):
         host_samples.Sampler(**args)
+
+
+def test_an_older_python_is_refused_with_what_to_do():
+    assert host_samples.python_version_of(os.getpid()) in (None, sys.version_info[:2])
+    old = sorted(glob.glob("/root/.pyenv/versions/3.10*/bin/python3.10"))
+    if not old:
+        pytest.skip("no Python 3.10 here (pyenv install 3.10)")
+    p = subprocess.Popen([old[-1], "-c", "import time; time.sleep(60)"])
+    try:
+        assert host_samples.python_version_of(p.pid) == (3, 10)
+        with pytest.raises(SamplingError, match=r"runs Python 3\.10: .*only from Python 3\.11 on"):
+            host_samples.sample({"old": p.pid}, 1)
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_missing_py_spy_says_what_to_install(monkeypatch):
