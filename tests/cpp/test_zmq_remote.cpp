@@ -117,6 +117,19 @@ void wait_subscribed(void* xpub, int n = 1) {
   }
 }
 
+// One writer and one CURVE reader on loopback, the reader's subscription seen by the writer.
+struct Link {
+  Net net;
+  void *xpub = nullptr, *sub = nullptr, *mon = nullptr;
+  Keys client;
+  std::string ep;
+  explicit Link(int hwm = 1000) {
+    ep = net.writer(xpub, hwm);
+    net.reader(ep, sub, mon, client, hwm);
+    wait_subscribed(xpub);
+  }
+};
+
 ZmqWriter make_writer(void* xpub) { return ZmqWriter(process_zmq(), xpub, "test-queue", 64, 10'000'000); }
 
 void send(ZmqWriter& w, std::vector<std::string> parts, int64_t timeout_ns = -1) {
@@ -161,14 +174,9 @@ TEST(ZmqApi, NeverLoadsALibraryThatIsNotLoadedAlready) {
 }
 
 TEST(ZmqRemote, DeliversMessagesOfOneAndSeveralPartsThenTheShutdown) {
-  Net net;
-  void *xpub, *sub, *mon;
-  Keys client;
-  const std::string ep = net.writer(xpub);
-  net.reader(ep, sub, mon, client);
-  wait_subscribed(xpub);
-  ZmqReader r(process_zmq(), sub, mon, "test-queue", ep);
-  ZmqWriter w = make_writer(xpub);
+  Link l;
+  ZmqReader r(process_zmq(), l.sub, l.mon, "test-queue", l.ep);
+  ZmqWriter w = make_writer(l.xpub);
   send(w, {"hello"});
   send(w, {"ab", "", "cd"});
   send(w, {std::string(1 << 20, 'x')});
@@ -185,14 +193,9 @@ TEST(ZmqRemote, DeliversMessagesOfOneAndSeveralPartsThenTheShutdown) {
 }
 
 TEST(ZmqRemote, ACorruptFrameKindIsAnErrorThatLosesNothingAfterIt) {
-  Net net;
-  void *xpub, *sub, *mon;
-  Keys client;
-  const std::string ep = net.writer(xpub);
-  net.reader(ep, sub, mon, client);
-  wait_subscribed(xpub);
-  ZmqReader r(process_zmq(), sub, mon, "test-queue", ep);
-  ZmqWriter w = make_writer(xpub);
+  Link l;
+  ZmqReader r(process_zmq(), l.sub, l.mon, "test-queue", l.ep);
+  ZmqWriter w = make_writer(l.xpub);
   send_frames(w, {"X", "junk"});
   send(w, {"after"});
   try {
@@ -206,19 +209,14 @@ TEST(ZmqRemote, ACorruptFrameKindIsAnErrorThatLosesNothingAfterIt) {
 }
 
 TEST(ZmqRemote, WaitReturnsFalseAtTheTimeoutAndWaitReadableKeepsTheMessage) {
-  Net net;
-  void *xpub, *sub, *mon;
-  Keys client;
-  const std::string ep = net.writer(xpub);
-  net.reader(ep, sub, mon, client);
-  wait_subscribed(xpub);
-  ZmqReader r(process_zmq(), sub, mon, "test-queue", ep);
+  Link l;
+  ZmqReader r(process_zmq(), l.sub, l.mon, "test-queue", l.ep);
   WaitPolicy park(0, 0, false);
   const int64_t t0 = now_ns();
   EXPECT_FALSE(r.next(50'000'000, park, nullptr, nullptr));
   EXPECT_GE(now_ns() - t0, 50'000'000);
   EXPECT_FALSE(r.readable());
-  ZmqWriter w = make_writer(xpub);
+  ZmqWriter w = make_writer(l.xpub);
   send(w, {"kept"});
   EXPECT_TRUE(r.next(10 * kSecond, park, nullptr, nullptr));  // no sink: held, not taken
   EXPECT_TRUE(r.readable());
@@ -410,14 +408,9 @@ TEST(ZmqRemote, AWrongServerKeyReadsNothing) {
 }
 
 TEST(ZmqRemote, AFullSendBufferTimesOutThenEveryMessageArrivesOnceInOrder) {
-  Net net;
-  void *xpub, *sub, *mon;
-  Keys client;
-  const std::string ep = net.writer(xpub, /*hwm=*/4);
-  net.reader(ep, sub, mon, client, /*hwm=*/4);
-  wait_subscribed(xpub);
-  ZmqReader r(process_zmq(), sub, mon, "test-queue", ep);
-  ZmqWriter w = make_writer(xpub);
+  Link l(/*hwm=*/4);
+  ZmqReader r(process_zmq(), l.sub, l.mon, "test-queue", l.ep);
+  ZmqWriter w = make_writer(l.xpub);
   const std::string body(64 * 1024, 'p');
   int sent = 0;
   bool timed_out = false;
@@ -471,14 +464,9 @@ TEST(ZmqRemote, CancelAndCloseFromAnotherThreadEndAWaitWithClosedError) {
 }
 
 TEST(ZmqRemote, ConcurrentReadersOfOneReaderTakeEachMessageOnce) {
-  Net net;
-  void *xpub, *sub, *mon;
-  Keys client;
-  const std::string ep = net.writer(xpub);
-  net.reader(ep, sub, mon, client);
-  wait_subscribed(xpub);
-  ZmqReader r(process_zmq(), sub, mon, "test-queue", ep);
-  ZmqWriter w = make_writer(xpub);
+  Link l;
+  ZmqReader r(process_zmq(), l.sub, l.mon, "test-queue", l.ep);
+  ZmqWriter w = make_writer(l.xpub);
   const int n = 2000 * int(test::stress_scale());
   std::vector<std::vector<int>> got(2);
   std::vector<std::thread> threads;
