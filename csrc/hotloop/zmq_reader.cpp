@@ -243,7 +243,14 @@ bool ZmqReader::next(int64_t timeout_ns, WaitPolicy& policy, const WaitHooks* ho
       try {
         if (woken) {
           take_message(!waited);
-          if (held_.empty()) take_events();
+          if (held_.empty()) {
+            take_events();
+            // The writer's last messages and the disconnect may have arrived between the two looks: ZeroMQ's
+            // thread hands a connection's messages over before it reports the connection gone, so after a
+            // disconnect one more look finds whatever came before it (otherwise the reader would raise
+            // DeadPeerError with messages still unread).
+            if (lost_) take_message(true);
+          }
         }
         if (!held_.empty()) {
           if (sink != nullptr) {

@@ -2,7 +2,8 @@
 // loopback. The test links Debian's libzmq (libzmq3-dev) and makes the sockets with it, as pyzmq does in
 // production; the hot path reaches the same library through process_zmq() (RTLD_NOLOAD of the mapped libzmq).
 // Cases: the function table matches zmq.h; messages of one and several parts, the shutdown and a corrupt kind;
-// a peer gone mid-message (a proxy cuts the connection inside a large message); a refused key (a ZAP handler);
+// a peer gone mid-message (a proxy cuts the connection inside a large message); a message that came just before
+// the disconnect; a refused key (a ZAP handler);
 // a full send buffer (QueueTimeout, then every message delivered once, in order); cancel/close from another
 // thread (TSan checks the lock).
 #include <gtest/gtest.h>
@@ -14,6 +15,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -322,6 +325,55 @@ TEST(ZmqRemote, APeerGoneMidMessageRaisesDeadPeerAfterEveryWholeMessage) {
   EXPECT_TRUE(proxy.cut());
   EXPECT_THROW(read(r), DeadPeerError);  // and stays so
   send(w, {"after"});                    // the writer carries on (its peer is gone)
+}
+
+// The race a reader can lose at the end of a connection: its look at the data socket finds nothing; the writer's
+// last message and then the disconnect arrive; its look at the monitor finds the disconnect. A function table
+// whose data socket shows nothing until the monitor has been read makes that order happen every time.
+struct HideDataUntilMonitorRead {
+  static inline const ZmqApi* real = nullptr;
+  static inline void *sock = nullptr, *monitor = nullptr;
+  static inline std::atomic<bool> hide{false};
+  static int getsockopt(void* s, int option, void* optval, size_t* optvallen) {
+    if (s == monitor) hide = false;
+    if (hide && s == sock && option == ZMQ_EVENTS) {
+      *static_cast<int*>(optval) = 0;
+      return 0;
+    }
+    return real->zmq_getsockopt(s, option, optval, optvallen);
+  }
+  static int msg_recv(ZmqMsg* msg, void* s, int flags) {
+    if (hide && s == sock) {
+      errno = EAGAIN;
+      return -1;
+    }
+    return real->zmq_msg_recv(msg, s, flags);
+  }
+  static ZmqApi table(void* sub, void* mon) {
+    real = &process_zmq();
+    sock = sub;
+    monitor = mon;
+    ZmqApi api = *real;
+    api.zmq_getsockopt = &getsockopt;
+    api.zmq_msg_recv = &msg_recv;
+    return api;
+  }
+};
+
+TEST(ZmqRemote, AMessageThatCameJustBeforeTheDisconnectIsReadBeforeDeadPeer) {
+  Link l;
+  const ZmqApi api = HideDataUntilMonitorRead::table(l.sub, l.mon);
+  ZmqReader r(api, l.sub, l.mon, "test-queue", l.ep);
+  ZmqWriter w = make_writer(l.xpub);
+  send(w, {"last"});
+  // The message reaches the reader's ZeroMQ, then the writer goes: the reader's monitor reports the disconnect.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  zmq_close(l.xpub);
+  l.net.sockets.erase(std::find(l.net.sockets.begin(), l.net.sockets.end(), l.xpub));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  HideDataUntilMonitorRead::hide = true;
+  EXPECT_EQ(read(r), "last");
+  EXPECT_THROW(read(r), DeadPeerError);
 }
 
 // A ZAP handler (RFC 27) admitting one client key: what context.py's ZapHandler does for a queue's ranks.
