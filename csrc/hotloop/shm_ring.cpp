@@ -26,6 +26,9 @@ namespace {
 
 constexpr uint64_t kMagic = 0x51504f4f4c544f48ull;  // "HOTLOOPQ"
 constexpr int64_t kLivenessSliceNs = 500'000'000;    // peers are checked this often while waiting
+// A reader watching its writer's pidfd parks on the doorbell alone this long first: most waits end sooner (the
+// next message), and a park over a doorbell and a descriptor together costs more to set up (wait_any.h).
+constexpr int64_t kFirstParkNs = 50'000'000;
 constexpr uint32_t kWhole = 1, kFirst = 2, kMiddle = 3, kLast = 4, kPad = 5;
 // A record header: the header word, stored last and atomically (word_of(size, kind); 0: nothing published here
 // yet), then the uint64 message sequence.
@@ -352,6 +355,11 @@ ShmRing ShmRing::claim_slot(Layout* l, size_t size, const std::string& name, uin
                l->writer_pid, l->writer_start_time};
   ShmRing r = mapped(l, size, name, int(rank), geo);
   r.owns_mapping_ = owns_mapping;
+  if (owns_mapping && geo.writer_pid != int32_t(getpid()) && park_backend().backend != ParkBackend::kSliced) {
+    // Opened first, then confirmed: if the writer still holds its pid now, the pidfd is the writer's.
+    r.writer_exit_ = ProcessExit::open(geo.writer_pid);
+    if (r.writer_exit_ && !process_alive(geo.writer_pid, geo.writer_start_time)) r.writer_exit_.reset();
+  }
   r.pos_ = start;
   if (l->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == expect_readers) r.unlink();
   l->space_bell.ring();  // a writer may be waiting in wait_all_attached
@@ -364,7 +372,7 @@ ShmRing::ShmRing(ShmRing&& o) noexcept
       owner_pid_(o.owner_pid_), owns_mapping_(o.owns_mapping_), linked_(o.linked_.load()),
       closed_(o.closed_.load()),
       next_seq_(o.next_seq_), pending_release_(o.pending_release_), reader_floor_(o.reader_floor_),
-      source_(o.source_),
+      source_(o.source_), writer_exit_(std::move(o.writer_exit_)),
       partial_(std::move(o.partial_)), partial_seq_(o.partial_seq_), partial_filled_(o.partial_filled_),
       assembling_(o.assembling_) {
   if (source_ != nullptr) source_->r_ = this;
@@ -675,6 +683,7 @@ bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHook
   Source* s = source_;
   WaitHooks unsliced;
   const WaitHooks* inner = liveness_sliced(hooks, unsliced);
+  bool parked = false;
   for (;; now = -1) {
     throw_if_cancelled();
     if (readable()) return true;
@@ -689,8 +698,15 @@ bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHook
     }
     if (now < 0) now = now_ns();
     if (now >= deadline) return false;
-    if (wait_any(&s, 1, std::min(deadline, now + kLivenessSliceNs) - now, policy, inner) != 0) continue;
-    end_of_liveness_slice(inner, unsliced);
+    // The first park watches the doorbell alone (kFirstParkNs where the writer's pidfd is watched after it);
+    // later ones the pidfd too: a writer that dies is then seen at once, not at the end of a slice.
+    Source* sources[2] = {s, writer_exit_ ? &writer_exit_->source() : nullptr};
+    const size_t n = parked && writer_exit_ ? 2 : 1;
+    const int64_t slice = writer_exit_ && !parked ? kFirstParkNs : kLivenessSliceNs;
+    parked = true;
+    const uint64_t ready = wait_any(sources, n, std::min(deadline, now + slice) - now, policy, inner);
+    if (ready & 1) continue;
+    if (ready == 0) end_of_liveness_slice(inner, unsliced);
     if (!readable() && !waits_cancelled() && !process_alive(geo_.writer_pid, geo_.writer_start_time)) {
       throw DeadPeerError("the writer (pid " + std::to_string(geo_.writer_pid) + ") of queue " + name_ +
                           " died; every message it published was delivered: recreate the queue");

@@ -335,6 +335,44 @@ TEST_F(ShmRingTest, SegmentsOfDeadCreatorsAreReapedOnlyInThisPidNamespace) {
   shm_unlink(old_style.c_str());
 }
 
+TEST_F(ShmRingTest, AWriterThatDiesWhileAReaderIsParkedIsSeenAtOnceNotAtTheSliceEnd) {
+  // The reader parks, then the writer process dies 150 ms into the wait: past the reader's first park (50 ms),
+  // so its pidfd is watched and the death is seen at once. Without it, at the liveness slice's end (500 ms).
+  const std::string name = "/hotloop-test-" + std::to_string(getpid()) + "-writerexit";
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    RingGeometry g;
+    g.capacity = 4096;
+    ShmRing w = ShmRing::create(g, name);
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(3);
+    if (read(go[0], &c, 1) != 1) _exit(3);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    _exit(0);  // dies without shutdown
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ShmRing r = ShmRing::attach(name, 0, 4096, 1);
+  WaitPolicy park(0, 0, false);
+  ShmRing::Message m;
+  ASSERT_EQ(write(go[1], &c, 1), 1);
+  const int64_t t0 = now_ns();
+  try {
+    r.read(m, kLong, park);
+    FAIL() << "read a message from a writer that wrote none";
+  } catch (const DeadPeerError& e) {
+    EXPECT_NE(std::string(e.what()).find("died"), std::string::npos) << e.what();
+  }
+  const int64_t took = now_ns() - t0;
+  EXPECT_GE(took, 100'000'000) << "raised before the writer died";
+  EXPECT_LT(took, 400'000'000) << "seen at the liveness slice's end, not when the writer died";
+  wait_child(pid);
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+}
+
 TEST_F(ShmRingTest, AnAbandonedRingDeliversWhatItHasThenRaisesDeadPeer) {
   RingGeometry g;
   g.capacity = 4096;
