@@ -684,6 +684,7 @@ bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHook
   WaitHooks unsliced;
   const WaitHooks* inner = liveness_sliced(hooks, unsliced);
   bool parked = false;
+  bool watch_exit = writer_exit_ != nullptr;
   for (;; now = -1) {
     throw_if_cancelled();
     if (readable()) return true;
@@ -700,9 +701,9 @@ bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHook
     if (now >= deadline) return false;
     // The first park watches the doorbell alone (kFirstParkNs where the writer's pidfd is watched after it);
     // later ones the pidfd too: a writer that dies is then seen at once, not at the end of a slice.
-    Source* sources[2] = {s, writer_exit_ ? &writer_exit_->source() : nullptr};
-    const size_t n = parked && writer_exit_ ? 2 : 1;
-    const int64_t slice = writer_exit_ && !parked ? kFirstParkNs : kLivenessSliceNs;
+    Source* sources[2] = {s, watch_exit ? &writer_exit_->source() : nullptr};
+    const size_t n = parked && watch_exit ? 2 : 1;
+    const int64_t slice = watch_exit && !parked ? kFirstParkNs : kLivenessSliceNs;
     parked = true;
     const uint64_t ready = wait_any(sources, n, std::min(deadline, now + slice) - now, policy, inner);
     if (ready & 1) continue;
@@ -711,6 +712,7 @@ bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHook
       throw DeadPeerError("the writer (pid " + std::to_string(geo_.writer_pid) + ") of queue " + name_ +
                           " died; every message it published was delivered: recreate the queue");
     }
+    if ((ready & 2) && !readable()) watch_exit = false;  // cannot be (it exited, yet lives): never spin on it
   }
 }
 
