@@ -25,7 +25,6 @@ arms and rounds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ import sys
 import tempfile
 import time
 
+from hotloop.bench.proc import schedstat, thread_name, tree
 from hotloop.bench.report import Progress, Report, median, median_range, percentile, table
 
 ARMS = ("event", "event+hotloop", "legacy")
@@ -52,17 +52,6 @@ def _arm_env(arm: str) -> dict:
 
 # ---- process tree ----
 
-def _tree(root: int) -> dict[int, str]:
-    from hotloop.bench.report import cmdline, descendants, processes
-
-    out = {}
-    for pid in descendants(processes(), root):
-        line = cmdline(pid)
-        if line is not None:
-            out[pid] = line.replace(b"\0", b" ").decode(errors="replace").strip()
-    return out
-
-
 def kind_of(pid: int, root: int, cmd: str) -> str:
     """The process kind: the caller (the driver, where AsyncOmni and its orchestrator thread run), a stage's engine
     core, a stage's worker, or another (multiprocessing's resource tracker, ...)."""
@@ -79,17 +68,11 @@ def tree_seconds(root: int) -> dict[str, float]:
     """CPU seconds of `root` and its live descendants by process kind, from every thread's schedstat (torch's gloo
     loop threads apart: they tick in every arm, untouched by any queue)."""
     parts = dict.fromkeys(KINDS + ("tree",), 0.0)
-    for pid, cmd in _tree(root).items():
+    for pid, cmd in tree(root).items():
         kind = kind_of(pid, root, cmd)
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError, ValueError):
-                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        ns = int(f.read().split()[0]) / 1e9
-                    with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                        gloo = f.read().strip() == GLOO_LOOP_THREAD
-                    parts["gloo" if gloo else kind] += ns
-                    parts["tree"] += ns
+        for tid, (ns, _waited) in schedstat(pid).items():
+            parts["gloo" if thread_name(pid, tid) == GLOO_LOOP_THREAD else kind] += ns / 1e9
+            parts["tree"] += ns / 1e9
     return parts
 
 
@@ -211,7 +194,7 @@ def _driver(args) -> int:
             await asyncio.sleep(3.0)
             i1 = tree_seconds(root)
             dt = time.monotonic() - t_idle
-            kinds = {pid: kind_of(pid, root, cmd) for pid, cmd in _tree(root).items()}
+            kinds = {pid: kind_of(pid, root, cmd) for pid, cmd in tree(root).items()}
             out = {"pid": root, "kinds": kinds,
                    "ttfo_ms": [r["ttfo_ms"] for r in res], "e2e_ms": [r["e2e_ms"] for r in res],
                    "cpu_s_per_1k_tok": 1000 * (c1["tree"] - c0["tree"]) / tokens,

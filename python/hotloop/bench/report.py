@@ -6,11 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import statistics
 import sys
 import time
-from typing import NamedTuple
 
 
 def percentile(values, q):
@@ -219,58 +217,6 @@ def print_result(bench: str, data: dict, text, json_path: str | None = None) -> 
         with open(json_path, "w") as f:
             json.dump(data, f, indent=2, default=float)
     return 0
-
-
-class Proc(NamedTuple):
-    ppid: int
-    cpu_s: float  # utime + stime
-
-
-def processes() -> dict[int, Proc]:
-    """Every live process: pid -> Proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    procs = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        procs[int(p)] = Proc(int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    return procs
-
-
-def cmdline(pid: int) -> bytes | None:
-    """The process's command line (NUL-separated), or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def descendants(procs: dict[int, Proc], root: int) -> list[int]:
-    """`root` and its descendants among `procs` (those alive when the table was read)."""
-    children: dict[int, list[int]] = {}
-    for pid, proc in procs.items():
-        children.setdefault(proc.ppid, []).append(pid)
-    out, stack, seen = [], [root], set()
-    while stack:
-        pid = stack.pop()
-        if pid in seen or pid not in procs:
-            continue
-        seen.add(pid)
-        out.append(pid)
-        stack.extend(children.get(pid, ()))
-    return out
-
-
-def process_tree_cpu_seconds(root: int) -> float:
-    """utime + stime of `root` and every live descendant, in seconds (children that exited are not counted)."""
-    procs = processes()
-    return sum(procs[pid].cpu_s for pid in descendants(procs, root))
 
 
 async def time_stream(stream, t0: float):

@@ -45,8 +45,8 @@ import subprocess
 import sys
 import time
 
-from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, cmdline, descendants, fmt, median, median_range,
-                                   percentile, process_tree_cpu_seconds, processes, pyplot, table)
+from hotloop.bench.proc import process_tree_cpu_seconds, schedstat, thread_name, tree
+from hotloop.bench.report import NO_PLOT, Progress, Report, cdf_panel, fmt, median, median_range, percentile, pyplot, table
 
 OUTPUT_TOKENS = 64
 ARMS = ("vllm", "hotloop", "hotloop+loop")  # vLLM's queue and loop; hotloop's queue; hotloop's queue and loop
@@ -65,14 +65,6 @@ def arms_for(device: str) -> tuple[str, ...]:
 
 # ---- process-tree CPU ----
 
-def tree(root: int) -> dict[int, str]:
-    """pid -> command line (vLLM retitles its processes: VLLM::EngineCore, VLLM::Worker_TP0, ...) of `root` and
-    its live descendants."""
-    found = {pid: cmdline(pid) for pid in descendants(processes(), root)}
-    return {pid: line.replace(b"\0", b" ").decode(errors="replace").strip() for pid, line in found.items()
-            if line is not None}
-
-
 GLOO_LOOP_THREAD = "gloo_tcp_loop"  # torch's gloo transport: one per gloo device, epoll_wait with a 10 ms tick
 
 
@@ -80,36 +72,20 @@ IDLE_PARTS = ("tree", "gloo", "waiters", "front_end", "other")
 
 
 def tree_run_seconds(root: int) -> dict[str, float]:
-    """CPU seconds of every thread of `root` and its live descendants, from /proc/<pid>/task/<tid>/schedstat
-    (nanoseconds the scheduler accounted; utime + stime are sampled at the clock tick, which over a few seconds of
-    near-idle charges a whole 10 ms tick to a thread that ran microseconds when the tick hit it), in parts:
+    """CPU seconds of every thread of `root` and its live descendants (proc.schedstat: exact where utime + stime
+    would charge an idle thread whole clock ticks), in parts:
     "tree" (all), "gloo" (torch's gloo loop threads), "waiters" (the main threads of the engine core and the
     workers: where the queue's and the engine-core loop's waits run), "front_end" (the other threads of `root`, the
     process that runs the front end) and "other" (every other thread: vLLM's input / output threads, ZeroMQ's ...)."""
     parts = dict.fromkeys(IDLE_PARTS, 0)
-    for pid, cmd, tid, ns in _thread_run_ns(tree(root)):
+    for pid, cmd in tree(root).items():
         waiter_process = "EngineCore" in cmd or "Worker" in cmd
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        part = ("gloo" if name == GLOO_LOOP_THREAD else "waiters" if waiter_process and tid == pid
-                else "front_end" if pid == root else "other")
-        parts["tree"] += ns
-        parts[part] += ns
+        for tid, (ns, _waited) in schedstat(pid).items():
+            part = ("gloo" if thread_name(pid, tid) == GLOO_LOOP_THREAD else "waiters" if waiter_process and tid == pid
+                    else "front_end" if pid == root else "other")
+            parts["tree"] += ns
+            parts[part] += ns
     return {k: v / 1e9 for k, v in parts.items()}
-
-
-def _thread_run_ns(processes: dict[int, str]):
-    """(pid, command line, tid, nanoseconds run) of every live thread of `processes` (pid -> command line), from
-    /proc/<pid>/task/<tid>/schedstat; threads that end meanwhile are left out."""
-    for pid, cmd in processes.items():
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError, ValueError):
-                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        yield pid, cmd, int(tid), int(f.read().split()[0])
 
 
 def process_kind(pid: int, cmd: str, root: int) -> str:
@@ -129,11 +105,11 @@ def cpu_by_process(root: int) -> dict[str, float]:
     out: dict[str, float] = {}
     found = tree(root)
     workers = sorted(pid for pid, cmd in found.items() if process_kind(pid, cmd, root) == "worker")
-    for pid, cmd, _tid, ns in _thread_run_ns(found):
+    for pid, cmd in found.items():
         kind = process_kind(pid, cmd, root)
         if kind == "worker":
             kind = f"worker{workers.index(pid)}"
-        out[kind] = out.get(kind, 0.0) + ns / 1e9
+        out[kind] = out.get(kind, 0.0) + sum(ns for ns, _waited in schedstat(pid).values()) / 1e9
     return out
 
 
