@@ -34,7 +34,7 @@ import tempfile
 import time
 
 from hotloop.bench.proc import schedstat, thread_name, tree
-from hotloop.bench.report import Progress, Report, median, median_range, percentile, table
+from hotloop.bench.report import Progress, Report, goal_lines, median_range, over_rounds, percentile, table
 
 ARMS = ("event", "event+hotloop", "legacy")
 BASELINE = "event"
@@ -247,10 +247,6 @@ def check_arm(arm: str, res: dict) -> str:
     return f"not on hotloop's queue: {sorted((p, kinds[p]) for p in missing)}" if missing else ""
 
 
-def _stats(xs):
-    return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
-
-
 FIGURES = {"ttfo_p50_ms": ("first output p50 ms", 1), "ttfo_p99_ms": ("first output p99 ms", 1),
            "e2e_p50_ms": ("end to end p50 ms", 1), "e2e_p99_ms": ("end to end p99 ms", 1),
            "cpu_s_per_1k_tok": ("CPU s / 1k tok", 2), "idle_tree_pct": ("idle tree %", 2),
@@ -313,10 +309,10 @@ def run(quick: bool = False, rounds: int | None = None, requests: int | None = N
 def summarize(raw: dict, arms) -> dict:
     data = {"arms": list(arms), "per_arm": {}, "ratio": {}, "idle_by_kind": {}}
     for arm in arms:
-        data["per_arm"][arm] = {k: _stats([r["figures"][k] for r in raw[arm]]) for k in FIGURES}
-        data["idle_by_kind"][arm] = {k: _stats([r["idle_pct"][k] for r in raw[arm]]) for k in KINDS + ("tree",)}
+        data["per_arm"][arm] = {k: over_rounds([r["figures"][k] for r in raw[arm]]) for k in FIGURES}
+        data["idle_by_kind"][arm] = {k: over_rounds([r["idle_pct"][k] for r in raw[arm]]) for k in KINDS + ("tree",)}
         if arm != BASELINE and BASELINE in raw:
-            data["ratio"][arm] = {k: _stats([a["figures"][k] / b["figures"][k] if b["figures"][k] else float("nan")
+            data["ratio"][arm] = {k: over_rounds([a["figures"][k] / b["figures"][k] if b["figures"][k] else float("nan")
                                              for a, b in zip(raw[arm], raw[BASELINE])]) for k in FIGURES}
     return data
 
@@ -354,8 +350,7 @@ def render(data: dict, arms) -> Report:
     parts.append(table("Idle CPU in the 3 s after the last request, percent of one core, by process kind",
                        ["arm", "caller (AsyncOmni, orchestrator)", "stage engine cores",
                         "stage workers (gloo apart)", "gloo loops", "other", "tree"], idle_rows))
-    parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
-                           for g in data["goals"]))
+    parts.append(goal_lines(data["goals"]))
     parts.append("Method: a fresh AsyncOmni per arm and round (event: vllm-omni's event-driven orchestrator, vLLM's "
                  "queue; event+hotloop: the same on hotloop's queue; legacy: vllm-omni's 1 ms polling loop, vLLM's "
                  "queue), 3 warm-up requests, then sequential requests; the first arm rotates each round; ratios "

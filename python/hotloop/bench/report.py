@@ -93,6 +93,17 @@ class Table(str):
         return self
 
 
+def over_rounds(xs) -> dict:
+    """One figure over a benchmark's rounds: its median, min and max, and the runs themselves (``median_range``
+    makes the table cell)."""
+    return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": list(xs)}
+
+
+def median_spread(xs) -> tuple[float, float]:
+    """(median, half the range; nan for a single value) of one figure over rounds."""
+    return median(xs), (max(xs) - min(xs)) / 2 if len(xs) > 1 else math.nan
+
+
 def median_range(st: dict, digits: int) -> str:
     """A table cell from a summary of rounds: "median (min-max)"."""
     return f"{fmt(st['median'], digits)} ({fmt(st['min'], digits)}-{fmt(st['max'], digits)})"
@@ -199,6 +210,12 @@ def verdict_text(v: dict) -> tuple[str, str]:
         return v["says"], f"not measured (no {v['metric']} for {' or '.join(map(repr, missing))}); goal {goal}"
     return v["says"], (f"{_figure(v['value'])}x ({_figure(v['row_value'])}{unit} vs {_figure(v['against_value'])}"
                        f"{unit}), goal {goal}")
+
+
+def goal_lines(goals: list[dict]) -> str:
+    """The goals of a benchmark that judges them itself (``{"goal", "met", "detail"}``), a line each, as it prints
+    them under its tables: 'goal <goal>: met (<detail>)'."""
+    return "\n".join(f"goal {g['goal']}: {verdict_word(g)} ({g['detail']})" for g in goals)
 
 
 def verdict_line(bench: str, v: dict) -> str:

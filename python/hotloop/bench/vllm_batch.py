@@ -30,6 +30,8 @@ import statistics
 import sys
 import time
 
+from hotloop.bench.report import goal_lines
+
 BATCHES = (1, 16)
 MAX_TOKENS = 64
 # vllm: vLLM's own queue and loop; hotloop: HOTLOOP_VLLM=1 with every other switch at its default (the rule in
@@ -169,7 +171,8 @@ def report(data: dict) -> str:
              f"tokens a request, {data['rounds']} short rounds, arms alternating burst by burst; medians, ratios "
              "within a round)"]
     lines += table(data["rows"], data["arms"], data["tps"])
-    lines += [f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})" for g in data.get("goals", [])]
+    if data.get("goals"):
+        lines.append(goal_lines(data["goals"]))
     return "\n".join(lines)
 
 

@@ -46,7 +46,8 @@ import sys
 import time
 
 from hotloop.bench.proc import process_tree_cpu_seconds, schedstat, thread_name, tree
-from hotloop.bench.report import NO_PLOT, Progress, Report, cdf_panel, fmt, median, median_range, percentile, pyplot, table
+from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, fmt, goal_lines, median, median_range,
+                                   over_rounds, percentile, pyplot, table)
 
 OUTPUT_TOKENS = 64
 ARMS = ("vllm", "hotloop", "hotloop+loop")  # vLLM's queue and loop; hotloop's queue; hotloop's queue and loop
@@ -499,11 +500,6 @@ def check_queue_class(arm: str, found: list[str]) -> None:
         raise RuntimeError(f"arm {arm}: the workers use {found}, expected {want}")
 
 
-def _stats(xs: list[float]) -> dict:
-    """median, min, max of one figure over the rounds."""
-    return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
-
-
 FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": ("TTFT p50 ms", 1),
            "ttft_p99_ms": ("TTFT p99 ms", 1), "itl_p50_ms": ("ITL p50 ms", 2), "itl_p99_ms": ("ITL p99 ms", 2),
            "queue_wait_p50_us": ("queue wait p50 us", 0), "queue_wait_p99_us": ("queue wait p99 us", 0),
@@ -644,16 +640,16 @@ def summarize(raw: dict, tps, quick: bool, rounds: int, arms=ARMS, device: str =
             per = rec[shape.name] = {}
             for arm in arms:
                 runs = [r[shape.name] for r in raw[(tp, arm)]]
-                per[arm] = {k: _stats([r[k] for r in runs]) for k in FIGURES}
+                per[arm] = {k: over_rounds([r[k] for r in runs]) for k in FIGURES}
                 per[arm]["hops_ms"] = {h: median([r["hops_ms"][h] for r in runs]) for h in runs[0]["hops_ms"]}
                 per[arm]["waits_during_step"] = sum(r["waits_during_step"] for r in runs)
                 per[arm]["cpu_pct"] = {k: median([r["cpu_pct"].get(k, 0.0) for r in runs])
                                        for k in sorted(set().union(*(r["cpu_pct"] for r in runs)))}
                 if arm != "vllm":
                     own = [r[shape.name] for r in raw[(tp, "vllm")]]
-                    per[f"{arm}/vLLM"] = {k: _stats([h[k] / o[k] if o[k] else math.nan for h, o in zip(runs, own)])
+                    per[f"{arm}/vLLM"] = {k: over_rounds([h[k] / o[k] if o[k] else math.nan for h, o in zip(runs, own)])
                                           for k in FIGURES}
-        rec["idle"] = {arm: {k: _stats([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
+        rec["idle"] = {arm: {k: over_rounds([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
                        for arm in arms}
         if all("sampled" in r for arm in arms for r in raw[(tp, arm)]):
             rec["sampled"] = _summarize_sampled({arm: [r["sampled"] for r in raw[(tp, arm)]] for arm in arms})
@@ -681,11 +677,11 @@ def _summarize_sampled(per_arm: dict[str, list[dict]]) -> dict:
             out[arm][name]["check"] = [r[name]["check"] for r in runs if name in r]
             out[arm][name]["top_waiting"] = runs[-1].get(name, {}).get("top_waiting", [])
         totals = [sampled_totals(r) for r in runs]
-        out[arm]["total"] = {k: _stats([t[k] for t in totals]) for k in totals[0]}
+        out[arm]["total"] = {k: over_rounds([t[k] for t in totals]) for k in totals[0]}
         for base in ("vllm", "vllm+spinloop"):
             if arm != base and base in per_arm:
                 own = [sampled_totals(r) for r in per_arm[base]]
-                out[arm][f"/{base}"] = {k: _stats([t[k] / o[k] if o[k] else math.nan for t, o in zip(totals, own)])
+                out[arm][f"/{base}"] = {k: over_rounds([t[k] / o[k] if o[k] else math.nan for t, o in zip(totals, own)])
                                         for k in ("waiting_cpu_pct", "measured_cpu_pct")}
     return out
 
@@ -838,8 +834,7 @@ def render(data: dict, tps, quick: bool) -> Report:
                                                                   fmt(pct.get("other", 0.0), 0)])))
     if all("sampled" in data["tp"][tp] for tp in tps):
         parts.append(_sampled_table(data, tps))
-    parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
-                           for g in data["goals"]))
+    parts.append(goal_lines(data["goals"]))
     parts.append("Method: one fresh engine per TP and arm (vLLM: vLLM's queue and loop; hotloop: hotloop's queue, "
                  "vLLM's loop; hotloop+loop: hotloop's queue and engine-core loop) runs every shape in turn after a "
                  "warm-up; arms alternate which goes first each round; ratios are taken within a round. CPU: the "

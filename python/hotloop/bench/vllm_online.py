@@ -27,7 +27,7 @@ import time
 import urllib.request
 
 from hotloop.bench import vllm_bench
-from hotloop.bench.report import Progress, Report, fmt, median, median_range, table
+from hotloop.bench.report import Progress, Report, fmt, goal_lines, median, median_range, over_rounds, table
 from hotloop.bench.vllm_bench import IDLE_PARTS, SIM_ARMS, cpu_by_process, idle_cpu, shapes
 
 FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": ("TTFT p50 ms", 1),
@@ -182,10 +182,6 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     return data, render(data, tps)
 
 
-def _stats(xs):
-    return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
-
-
 def summarize(raw: dict, tps, quick: bool, rounds: int, arms) -> dict:
     data = {"rounds": rounds, "arms": list(arms), "shapes": [s.__dict__ for s in shapes(quick, "sim")], "tp": {}}
     for tp in tps:
@@ -195,18 +191,18 @@ def summarize(raw: dict, tps, quick: bool, rounds: int, arms) -> dict:
             own = [r[shape.name] for r in raw[(tp, "vllm")]]
             for arm in arms:
                 runs = [r[shape.name] for r in raw[(tp, arm)]]
-                per[arm] = {k: _stats([r[k] for r in runs]) for k in FIGURES}
+                per[arm] = {k: over_rounds([r[k] for r in runs]) for k in FIGURES}
                 per[arm]["cpu_pct"] = {k: median([r["cpu_pct"].get(k, 0.0) for r in runs])
                                        for k in sorted(set().union(*(r["cpu_pct"] for r in runs)))}
                 if arm != "vllm":
-                    per[f"{arm}/vLLM"] = {k: _stats([h[k] / o[k] if o[k] else float("nan") for h, o in zip(runs, own)])
+                    per[f"{arm}/vLLM"] = {k: over_rounds([h[k] / o[k] if o[k] else float("nan") for h, o in zip(runs, own)])
                                           for k in FIGURES}
-        rec["idle"] = {arm: {k: _stats([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
+        rec["idle"] = {arm: {k: over_rounds([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
                        for arm in arms}
         spin = raw[(tp, "vllm+spinloop")]
         for arm in ("hotloop", "hotloop+loop"):
             runs = raw[(tp, arm)]
-            rec["decode"][f"{arm}/spinloop"] = {"host_cpu_pct": _stats(
+            rec["decode"][f"{arm}/spinloop"] = {"host_cpu_pct": over_rounds(
                 [h["decode"]["host_cpu_pct"] / s["decode"]["host_cpu_pct"] for h, s in zip(runs, spin)])}
     return data
 
@@ -265,8 +261,7 @@ def render(data: dict, tps) -> Report:
                        "and idle after the last shape", ["TP / arm", "front end", "engine core", "each worker",
                                                          "engine core + workers", "idle: waiting threads %"],
                        rows, key="online-cpu"))
-    parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
-                           for g in data["goals"]))
+    parts.append(goal_lines(data["goals"]))
     parts.append(__doc__.split("\n\n", 1)[1].strip().replace("\n", " "))
     return Report(parts)
 
