@@ -1,7 +1,7 @@
 """``hotloop bench vllm-omni``: vllm-omni 0.30.0's two-stage text pipeline (``hotloop.vllm.omni``) on vLLM's own
 queue and on hotloop's, in the same run and the same process layout.
 
-Arms (each a fresh ``AsyncOmni`` in its own driver process, ``python -m hotloop.bench.omni_bench --driver``):
+Arms (each a fresh ``AsyncOmni`` in its own driver process, ``python -m hotloop.bench.vllm.omni --driver``):
 "event" (vllm-omni's event-driven orchestrator and drain, vLLM's queue), "event+hotloop" (the same with
 ``HOTLOOP_VLLM=1``: hotloop's queue in every stage's engine core and worker) and "legacy" (vllm-omni's default
 1 ms polling orchestrator and drain, vLLM's queue).
@@ -214,7 +214,7 @@ def run_arm(arm: str, model: str, requests: int, tokens: int, seed: int) -> dict
     """One fresh AsyncOmni of `arm` in a driver process: its figures, and the pids whose log says they run on
     hotloop's queue (``on_hotloop``)."""
     with tempfile.TemporaryFile("w+") as log:
-        p = subprocess.run([sys.executable, "-m", "hotloop.bench.omni_bench", "--driver", "--model", model,
+        p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm.omni", "--driver", "--model", model,
                             "--requests", str(requests), "--tokens", str(tokens), "--seed", str(seed)],
                            env=_arm_env(arm), stdout=subprocess.PIPE, stderr=log, text=True, timeout=1800,
                            start_new_session=True)
@@ -360,7 +360,7 @@ def render(data: dict, arms) -> Report:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.omni_bench")
+    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm.omni")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="1 round of 4 requests (a smoke run)")

@@ -2,7 +2,7 @@
 same process layout: vLLM's queue and loop ("vllm"), hotloop's queue under vLLM's loop ("hotloop"), hotloop's queue
 and engine-core loop ("hotloop+loop", ``hotloop.vllm.engine_loop``).
 
-Method: each engine runs in a fresh driver process (``python -m hotloop.bench.vllm_bench --shapes-driver``) on a
+Method: each engine runs in a fresh driver process (``python -m hotloop.bench.vllm.offline --shapes-driver``) on a
 tiny random Llama model built locally (``hotloop.vllm.tiny_model``), with ``HOTLOOP_VLLM`` / ``HOTLOOP_VLLM_LOOP``
 set per arm (the driver asks each worker which queue class it runs and the bench checks it) and
 ``HOTLOOP_VLLM_TIMELINE=1`` in every arm (``hotloop.vllm.timeline``: per-hop stamps). After a warm-up the engine
@@ -23,7 +23,7 @@ together), in the upstream shapes' token counts (``shapes(quick, "sim")``), at T
 ``0``, ``0|1``, ``0|1|0|1``; the tiny model four heads wide), with a fourth arm, vLLM's queue with its spinloop
 extension (``VLLM_USE_SPINLOOP_EXT=1``). Per shape it adds the host CPU of each process (front end, engine core,
 each worker: every thread's schedstat over the shape's span, percent of one core). ``--online`` runs the same
-shapes through vLLM's own server and client instead (``vllm_online.py``). ``--arms`` picks arms (vLLM's first),
+shapes through vLLM's own server and client instead (``online.py``). ``--arms`` picks arms (vLLM's first),
 ``hotloop-plain`` among them (hotloop's queue with its readers' plain wait, ``HOTLOOP_VLLM_PACED=0``).
 
 ``Driver`` (``--driver``) is the offline ``LLM.generate`` harness the vLLM tests use.
@@ -202,7 +202,7 @@ class Driver:
         env = {k: v for k, v in {**arm_env(tp, arm), **(env_extra or {})}.items() if v is not None}
         self.tp, self.arm = tp, arm
         self.log = open(os.devnull, "w") if not os.environ.get("HOTLOOP_BENCH_VERBOSE") else None
-        self.proc = subprocess.Popen([sys.executable, "-m", "hotloop.bench.vllm_bench", "--driver", "--tp", str(tp),
+        self.proc = subprocess.Popen([sys.executable, "-m", "hotloop.bench.vllm.offline", "--driver", "--tp", str(tp),
                                       "--model", model], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, env=env, text=True, start_new_session=True)
         ready = self._read()
@@ -473,7 +473,7 @@ def idle_cpu(root: int, windows=((0.0, 3.0),)) -> list[dict[str, float]]:
 
 def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: str = "cpu", sync: bool = False) -> dict:
     """One fresh engine of `arm` through every shape, in a driver process: its figures."""
-    p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm_bench", "--shapes-driver", "--tp", str(tp),
+    p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm.offline", "--shapes-driver", "--tp", str(tp),
                         "--model", model, "--seed", str(seed), "--device", device] + ["--quick"] * quick
                        + ["--sync"] * sync,
                        env=arm_env(tp, arm, device), stdout=subprocess.PIPE, stderr=None if os.environ.get(
@@ -520,7 +520,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     """Every TP size and arm for `rounds` rounds (see the module docstring); `device` "sim" runs the model on the
     simulated device (hotloop.vllm.sim_device) with vLLM's spinloop extension as a fourth arm, TP 1, 2 and 4 by
     default, on vLLM's GPU path (async scheduling) or with `sync` its synchronous one; `online` (sim only) runs the
-    shapes through vllm serve and vllm bench serve (bench/vllm_online.py)."""
+    shapes through vllm serve and vllm bench serve (bench/vllm/online.py)."""
     try:
         import vllm  # noqa: F401
     except Exception as e:  # ImportError, or a vLLM that fails to import
@@ -532,9 +532,9 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     if online:
         if device != "sim":
             raise ValueError("--online runs on the simulated device: add --device sim")
-        from hotloop.bench import vllm_online
+        from hotloop.bench.vllm import online
 
-        return vllm_online.run(quick=quick, rounds=rounds, tps=tps, seed=seed, sync=sync)
+        return online.run(quick=quick, rounds=rounds, tps=tps, seed=seed, sync=sync)
     from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, check_version, tiny_model
 
     version = check_version()
@@ -571,14 +571,14 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
         data["sim_device_us"] = requested() or sim_spec()
     full = set(arms) >= set(arms_for(device))
     data["goals"] = goals_sim(data, tps) if device == "sim" else goals(data, tps) if full else []
-    if device == "cpu":  # the offline batch rows: vLLM's queue against hotloop's defaults (bench/vllm_batch.py)
-        from hotloop.bench import vllm_batch
+    if device == "cpu":  # the offline batch rows: vLLM's queue against hotloop's defaults (bench/vllm/batch.py)
+        from hotloop.bench.vllm import batch
 
-        data["batch"] = vllm_batch.run(rounds=5 * rounds, tps=tps, say=lambda _line: None)
+        data["batch"] = batch.run(rounds=5 * rounds, tps=tps, say=lambda _line: None)
         data["goals"] += data["batch"]["goals"]
     text = render(data, tps, quick)
     if device == "cpu":
-        text.append(vllm_batch.report(data["batch"]))
+        text.append(batch.report(data["batch"]))
     if plot_path:
         text.append(_plot(data, raw, tps, plot_path))
     return data, text
@@ -932,7 +932,7 @@ def _plot(data: dict, raw: dict, tps, path: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm_bench")
+    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm.offline")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shapes-driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
