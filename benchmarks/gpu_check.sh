@@ -82,7 +82,7 @@ python3 -m hotloop.vllm.source_check 2>&1 | tee "$out/vllm-source.txt" | head -1
 # greedy tokens of the three arms at TP=1 (the Driver of `hotloop bench vllm`: a tiny Llama, one process per arm)
 timeout 600 python3 - <<'PY' 2>&1 | tee "$out/vllm-tokens.txt" | tail -6
 import sys
-from hotloop.bench.vllm.offline import Driver
+from hotloop.bench.vllm.driver import Driver
 from hotloop.vllm import tiny_model, vllm_version
 
 if __name__ == "__main__":
@@ -107,7 +107,8 @@ timeout 900 python3 -m hotloop.bench.vllm.offline --quick --tp-sizes 1 --json "$
 echo "== vLLM's worker: its sampled tokens waited for on a CUDA event (vLLM) or a hotloop StepNotifier"
 timeout 900 python3 - <<'PY' 2>&1 | tee "$out/vllm-device-wait.txt" | tail -12
 import statistics, sys, time
-from hotloop.bench.vllm.offline import Driver, cpu_by_process
+from hotloop.bench.vllm.driver import Driver
+from hotloop.bench.vllm.processes import cpu_by_process
 from hotloop.vllm import tiny_model
 
 if __name__ == "__main__":

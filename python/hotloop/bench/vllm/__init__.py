@@ -15,5 +15,12 @@ By what each module measures:
   on two simulated nodes: outputs, the time from a cut to every request's error, a stranger on the queue ports.
 - ``omni``: ``hotloop bench vllm-omni``: vllm-omni's two-stage text pipeline on vLLM's queue and on hotloop's.
 
+What they share, each in one place: ``arms`` (the arms and their environments, the load shapes, the checks that an
+engine runs its arm, outputs compared across arms), ``processes`` (the CPU of a vLLM engine's processes and
+threads, by kind and idle), ``driver`` (``Driver``: one offline ``LLM.generate`` engine in a process of its own, for
+the batch rows and the vLLM tests). Imports go one way: ``offline`` imports ``online`` and ``batch``; they and
+``omni`` import ``arms``, ``driver``, ``processes``, which import only ``hotloop.bench.proc`` and ``report``;
+nothing imports ``offline``.
+
 Importing this package imports nothing: each module imports vLLM only inside the functions that run it.
 """

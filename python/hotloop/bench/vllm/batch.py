@@ -4,7 +4,7 @@
 This is the case a new user tries first on a machine without a GPU, and the one where the processes (front end,
 engine core, one worker per rank) outnumber the cores: every wait competes with the model's compute for a core.
 
-Method: per TP, one engine per arm (``offline.Driver``: a fresh driver process, MultiprocExecutor, the tiny
+Method: per TP, one engine per arm (``driver.Driver``: a fresh driver process, MultiprocExecutor, the tiny
 random Llama, float32, OpenMP threads bound one core per rank), all started before the first burst and kept alive
 together. A round runs, for each batch size, each arm's burst in turn (the arm that goes first rotating each
 round): ``bursts`` x ``LLM.generate`` of ``batch`` prompts and ``max_tokens`` greedy tokens (EOS ignored). After
@@ -31,6 +31,9 @@ import sys
 import time
 
 from hotloop.bench.report import goal_lines
+from hotloop.bench.vllm.arms import check_queue_class
+from hotloop.bench.vllm.driver import Driver
+from hotloop.bench.vllm.processes import cpu_by_process
 
 BATCHES = (1, 16)
 MAX_TOKENS = 64
@@ -48,8 +51,6 @@ GOALS = {"tok_ratio_min": 1.0, "cpu_ratio_max": {1: 0.75, 16: 0.9}}
 
 
 def _start(tp: int, arm: str, env: dict, model: str):
-    from hotloop.bench.vllm.offline import Driver, check_queue_class
-
     # Driver's arm_env sets the paced / loop / timeline switches for the shapes bench; here an arm leaves unset
     # whatever its env does not name (the defaults under test), the timeline's stamps included
     arm_kind = "vllm" if env.get("HOTLOOP_VLLM") == "0" else "hotloop"
@@ -59,8 +60,6 @@ def _start(tp: int, arm: str, env: dict, model: str):
 
 
 def _burst(driver, batch: int, bursts: int, max_tokens: int) -> dict:
-    from hotloop.bench.vllm.offline import cpu_by_process
-
     c0, tokens, wall, ids = cpu_by_process(driver.pid), 0, 0.0, None
     for _ in range(bursts):
         out = driver.generate(batch, max_tokens)

@@ -35,11 +35,11 @@ import time
 
 from hotloop.bench.proc import schedstat, thread_name, tree
 from hotloop.bench.report import Progress, Report, goal_lines, median_range, over_rounds, percentile, table
+from hotloop.bench.vllm.processes import GLOO_LOOP_THREAD
 
 ARMS = ("event", "event+hotloop", "legacy")
 BASELINE = "event"
 KINDS = ("caller", "engine_cores", "workers", "gloo", "other")
-GLOO_LOOP_THREAD = "gloo_tcp_loop"  # torch's gloo transport in each worker: epoll_wait with a 10 ms tick, every arm
 
 
 def _arm_env(arm: str) -> dict:
