@@ -9,11 +9,11 @@ random Llama, float32, OpenMP threads bound one core per rank), all started befo
 together. A round runs, for each batch size, each arm's burst in turn (the arm that goes first rotating each
 round): ``bursts`` x ``LLM.generate`` of ``batch`` prompts and ``max_tokens`` greedy tokens (EOS ignored). After
 a burst of vLLM's queue the bench waits ``settle_s`` (1.2 s): vLLM's readers spin for 1 s after their last message,
-and a spinning engine left behind would take a core from the next arm (hotloop's readers park: nothing to wait for). Per burst: output tokens / wall seconds, and CPU
-seconds of the arm's whole process tree per 1000 tokens (every thread's schedstat; by process too: front end,
-engine core, each worker). Ratios are taken within a round (the same few seconds of the same machine), then the median
-over rounds; many short rounds, so that a noisy second hits every arm alike and the median leaves it out. Greedy token ids are compared across
-arms.
+and a spinning engine left behind would take a core from the next arm (hotloop's readers park: nothing to wait
+for). Per burst: output tokens / wall seconds, and CPU seconds of the arm's whole process tree per 1000 tokens
+(every thread's schedstat; by process too: front end, engine core, each worker). Ratios are taken within a round
+(the same few seconds of the same machine), then the median over rounds; many short rounds, so that a noisy
+second hits every arm alike and the median leaves it out. Greedy token ids are compared across arms.
 
 With ``HOTLOOP_VLLM_SIM_DEVICE`` set (every engine inherits it) the model runs on the simulated device instead
 (``hotloop.vllm.sim_device``: vLLM's async scheduling path, its host work real): the same bench for the GPU regime.
@@ -191,7 +191,7 @@ def run(rounds: int = 15, tps=(1, 2), arms=("vllm", "hotloop"), extra_arms: dict
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm.batch", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--tp-sizes", default="1,2")
     ap.add_argument("--arms", default="vllm,hotloop")

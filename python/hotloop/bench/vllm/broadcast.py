@@ -139,7 +139,7 @@ def run(quick: bool = True, runs: int | None = None, payloads=(2048, 65536)) -> 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm.broadcast", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int)
     args = ap.parse_args(argv)

@@ -489,9 +489,10 @@ def render(data: dict, tps, quick: bool) -> Report:
                 rows.append([f"TP={tp} {arm}/vLLM"] + [median_range(per[f"{arm}/vLLM"][k], 2) for k in keys])
         how = "all at once" if shape["rate"] <= 0 else f"Poisson {shape['rate']:g} req/s"
         parts.append(table(
-            f"vLLM {data['vllm_version']} AsyncLLM{_device_words(data)}, shape '{shape['name']}': {shape['n']} requests of "
-            f"{shape['prompt_tokens']} prompt / {shape['output_tokens']} output tokens, {how}; median (min-max) "
-            f"over {n} round{'s' * (n > 1)}", ["TP / arm"] + [FIGURES[k][0] for k in keys], rows))
+            f"vLLM {data['vllm_version']} AsyncLLM{_device_words(data)}, shape '{shape['name']}': "
+            f"{shape['n']} requests of {shape['prompt_tokens']} prompt / {shape['output_tokens']} output tokens, "
+            f"{how}; median (min-max) over {n} round{'s' * (n > 1)}", ["TP / arm"] + [FIGURES[k][0] for k in keys],
+            rows))
     hop_rows = []
     for tp in tps:
         for arm in arms:
@@ -536,7 +537,8 @@ def _sampled_table(data: dict, tps):
 
             def cell(name):
                 v = rec[name]
-                return f"{fmt(v['waiting_cpu_pct'], 1)} / {fmt(v['measured_cpu_pct'], 0)} ({fmt(100 * v['waiting_share'], 0)} %)"
+                return (f"{fmt(v['waiting_cpu_pct'], 1)} / {fmt(v['measured_cpu_pct'], 0)} "
+                        f"({fmt(100 * v['waiting_share'], 0)} %)")
 
             ratio = rec.get("/vllm", {}).get("waiting_cpu_pct")
             tot = rec["total"]
@@ -622,8 +624,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
     ap.add_argument("--tp-sizes", default=None, help="tensor parallel sizes (default 1,2; 1,2,4 with --device sim)")
     ap.add_argument("--device", choices=("cpu", "sim"), default="cpu",
-                    help="cpu: vLLM's CPU build computes the model; sim: the simulated device (hotloop.vllm.sim_device, "
-                    "HOTLOOP_VLLM_SIM_DEVICE=BASE_US+PER_TOKEN_US to change its step time)")
+                    help="cpu: vLLM's CPU build computes the model; sim: the simulated device "
+                    "(hotloop.vllm.sim_device, HOTLOOP_VLLM_SIM_DEVICE=BASE_US+PER_TOKEN_US to change its step time)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the model, the prompts and the arrivals")
     ap.add_argument("--arms", default=None, help="comma-separated arms, vllm first (default: the device's; "
                     f"also {', '.join(EXTRA_ARMS)})")

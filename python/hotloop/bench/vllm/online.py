@@ -64,8 +64,8 @@ class Server:
         while not self._healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.close()
-                raise RuntimeError(f"vllm serve (TP={tp}, arm {arm}) did not come up (exit code {self.proc.returncode});"
-                                   " rerun with HOTLOOP_BENCH_VERBOSE=1 to see its log")
+                raise RuntimeError(f"vllm serve (TP={tp}, arm {arm}) did not come up (exit code "
+                                   f"{self.proc.returncode}); rerun with HOTLOOP_BENCH_VERBOSE=1 to see its log")
             time.sleep(0.5)  # start-up only: the server answers /health once its engine is ready
 
     def _healthy(self) -> bool:
@@ -196,8 +196,8 @@ def summarize(raw: dict, tps, quick: bool, rounds: int, arms) -> dict:
                 per[arm]["cpu_pct"] = {k: median([r["cpu_pct"].get(k, 0.0) for r in runs])
                                        for k in sorted(set().union(*(r["cpu_pct"] for r in runs)))}
                 if arm != "vllm":
-                    per[f"{arm}/vLLM"] = {k: over_rounds([h[k] / o[k] if o[k] else float("nan") for h, o in zip(runs, own)])
-                                          for k in FIGURES}
+                    per[f"{arm}/vLLM"] = {k: over_rounds([h[k] / o[k] if o[k] else float("nan")
+                                                          for h, o in zip(runs, own)]) for k in FIGURES}
         rec["idle"] = {arm: {k: over_rounds([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
                        for arm in arms}
         spin = raw[(tp, "vllm+spinloop")]
@@ -250,10 +250,12 @@ def render(data: dict, tps) -> Report:
             rows += [[f"TP={tp} {arm}/vLLM"] + [median_range(per[f"{arm}/vLLM"][k], 2) for k in keys]
                      for arm in arms[1:]]
         how = "all at once" if shape["rate"] <= 0 else f"Poisson {shape['rate']:g} req/s"
+        path = "synchronous path" if data.get("path") == "sync" else "async scheduling"
         parts.append(table(
             f"vllm serve + vllm bench serve (vLLM {data['vllm_version']}) on the simulated device ({base:g} us + "
-            f"{per_token:g} us a token, vLLM's {'synchronous path' if data.get('path') == 'sync' else 'async scheduling'}), shape '{shape['name']}': {shape['n']} requests of {shape['prompt_tokens']} / "
-            f"{shape['output_tokens']} tokens, {how}; median (min-max) over {n} round{'s' * (n > 1)}",
+            f"{per_token:g} us a token, vLLM's {path}), shape '{shape['name']}': {shape['n']} requests of "
+            f"{shape['prompt_tokens']} / {shape['output_tokens']} tokens, {how}; median (min-max) over {n} "
+            f"round{'s' * (n > 1)}",
             ["TP / arm"] + [FIGURES[k][0] for k in keys], rows, key=f"online-{shape['name']}"))
     rows = cpu_rows(data, tps, lambda tp, arm, pct: [
         median_range(data["tp"][tp]["decode"][arm]["host_cpu_pct"], 0),
