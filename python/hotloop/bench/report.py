@@ -1,5 +1,5 @@
-"""Helpers shared by the benchmarks: percentiles, a progress line, tables, goals and their verdicts, and the JSON
-record."""
+"""Helpers shared by the benchmarks: percentiles and figures over rounds, a progress line, tables, goals and their
+verdicts, the JSON record, and plots. What they read of /proc is in proc.py."""
 
 from __future__ import annotations
 
