@@ -82,7 +82,7 @@ python3 -m hotloop.vllm.source_check 2>&1 | tee "$out/vllm-source.txt" | head -1
 # greedy tokens of the three arms at TP=1 (the Driver of `hotloop bench vllm`: a tiny Llama, one process per arm)
 timeout 600 python3 - <<'PY' 2>&1 | tee "$out/vllm-tokens.txt" | tail -6
 import sys
-from hotloop.bench.vllm_bench import Driver
+from hotloop.bench.vllm.driver import Driver
 from hotloop.vllm import tiny_model, vllm_version
 
 if __name__ == "__main__":
@@ -102,12 +102,13 @@ if __name__ == "__main__":
     sys.exit(0 if same else 1)
 PY
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-timeout 900 python3 -m hotloop.bench.vllm_bench --quick --tp-sizes 1 --json "$out/vllm.json" --plot "$out/vllm.png" \
+timeout 900 python3 -m hotloop.bench.vllm.offline --quick --tp-sizes 1 --json "$out/vllm.json" --plot "$out/vllm.png" \
   2>&1 | tee "$out/vllm.txt" | tail -40
 echo "== vLLM's worker: its sampled tokens waited for on a CUDA event (vLLM) or a hotloop StepNotifier"
 timeout 900 python3 - <<'PY' 2>&1 | tee "$out/vllm-device-wait.txt" | tail -12
 import statistics, sys, time
-from hotloop.bench.vllm_bench import Driver, cpu_by_process
+from hotloop.bench.vllm.driver import Driver
+from hotloop.bench.vllm.processes import cpu_by_process
 from hotloop.vllm import tiny_model
 
 if __name__ == "__main__":

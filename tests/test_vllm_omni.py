@@ -4,7 +4,7 @@ loop), and the plugin's line logged by every stage's engine core and worker on h
 
 Needs vllm-omni 0.30.0 next to vLLM 0.30 (``scripts/install_vllm_omni.sh``, docs/vllm.md); skipped otherwise (the
 main CI venv runs a vLLM that vllm-omni 0.30.0 does not import on). vllm-omni runs in child processes
-(``python -m hotloop.bench.omni_bench --driver``), never in the test process; each pipeline start imports vllm-omni in
+(``python -m hotloop.bench.vllm.omni --driver``), never in the test process; each pipeline start imports vllm-omni in
 five processes (about 1.5-2 min on 2 cores).
 """
 
@@ -57,7 +57,7 @@ def test_env_switches_hotloop_and_the_event_driven_loop():
 
 def test_two_stage_pipeline_identical_outputs_and_every_stage_on_hotloop():
     _require_vllm_omni()
-    from hotloop.bench.omni_bench import check_arm, run_arm
+    from hotloop.bench.vllm.omni import check_arm, run_arm
     from hotloop.vllm import tiny_model
 
     model = tiny_model.build(0)

@@ -5,7 +5,7 @@ surfaces vLLM's EngineDeadError within seconds, the engine core's death ends its
 /dev/shm or the process table.
 
 Needs vLLM (``pip install "hotloop[vllm]"``, docs/vllm.md); skipped otherwise. vLLM runs in child processes
-(``python -m hotloop.bench.vllm_bench --driver``), never in the test process. Engine starts take a while on a
+(``python -m hotloop.bench.vllm.driver``), never in the test process. Engine starts take a while on a
 small machine: the module starts three engines (two with HOTLOOP_TEST_VLLM_LOOP_ARM=0).
 """
 
@@ -22,7 +22,7 @@ from conftest import require_supported_vllm
 
 require_supported_vllm()
 
-from hotloop.bench.vllm_bench import Driver  # noqa: E402
+from hotloop.bench.vllm.driver import Driver  # noqa: E402
 from hotloop.vllm import tiny_model, vllm_version  # noqa: E402
 
 HOTLOOP_QUEUE = "hotloop.vllm.message_queue.MessageQueue"

@@ -24,7 +24,7 @@ from hotloop.testing import ray_cluster  # noqa: E402
 pytestmark = pytest.mark.skipif(ray_cluster.unavailable() is not None,
                                 reason=f"simulated Ray nodes: {ray_cluster.unavailable()}")
 
-from hotloop.bench.vllm_ray import Deployment, error_after_cut  # noqa: E402
+from hotloop.bench.vllm.ray_executor import Deployment, error_after_cut  # noqa: E402
 
 BOUND_S = 5.0  # from the cut to every request's error (hotloop's peer timeout is 3 s)
 PLUGIN_LINE = "runs on hotloop's MessageQueue"

@@ -18,7 +18,7 @@ from conftest import require_supported_vllm
 
 require_supported_vllm()
 
-from hotloop.bench import vllm_bench  # noqa: E402
+from hotloop.bench.vllm import offline  # noqa: E402
 from hotloop.vllm import tiny_model  # noqa: E402
 
 VOCAB = tiny_model.CONFIG["vocab_size"]
@@ -27,7 +27,7 @@ VOCAB = tiny_model.CONFIG["vocab_size"]
 @pytest.fixture(scope="module")
 def record(monkeypatch_module):
     monkeypatch_module.setenv("HOTLOOP_VLLM_SIM_DEVICE", "1300+2")
-    data, text = vllm_bench.run(quick=True, rounds=1, tps=(2,), device="sim", plot_path=None,
+    data, text = offline.run(quick=True, rounds=1, tps=(2,), device="sim", plot_path=None,
                                 arms=("vllm", "hotloop+loop"))
     print(text)
     return data
@@ -85,7 +85,7 @@ def test_the_record_has_every_figure_the_goals_read(record):
 def test_the_synchronous_path_gives_the_async_paths_tokens(record, monkeypatch):
     # one engine (hotloop's queue and loop) with async scheduling off, every shape: the same token ids
     monkeypatch.setenv("HOTLOOP_VLLM_SIM_DEVICE", "1300+2")
-    res = vllm_bench.run_engine(2, "hotloop+loop", tiny_model.build(0), quick=True, seed=0, device="sim", sync=True)
+    res = offline.run_engine(2, "hotloop+loop", tiny_model.build(0), quick=True, seed=0, device="sim", sync=True)
     assert res["single"]["token_ids"][0] == record["single_token_ids"]
-    digest = vllm_bench.outputs_digest({shape: res[shape]["token_ids"] for shape in record["token_ids_digest"]})
+    digest = offline.outputs_digest({shape: res[shape]["token_ids"] for shape in record["token_ids_digest"]})
     assert digest == record["token_ids_digest"]

@@ -83,7 +83,8 @@ def cmd_info(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from hotloop.bench import BENCHMARKS, omni_bench, vllm_bench, vllm_ray
+    from hotloop.bench import BENCHMARKS
+    from hotloop.bench.vllm import offline, omni, ray_executor
 
     names = args.names or list(BENCHMARKS)
     if _torch_version() is None:
@@ -95,7 +96,7 @@ def cmd_bench(args) -> int:
             print(f"hotloop bench: skipping {', '.join(NEEDS_TORCH)}: {NO_TORCH}", file=sys.stderr)
             names = [n for n in names if n not in NEEDS_TORCH]
     # only when named: they need vLLM (and vllm-omni) and take minutes
-    BENCHMARKS = {**BENCHMARKS, "vllm": vllm_bench.run, "vllm-omni": omni_bench.run, "vllm-ray": vllm_ray.run}
+    BENCHMARKS = {**BENCHMARKS, "vllm": offline.run, "vllm-omni": omni.run, "vllm-ray": ray_executor.run}
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         print(f"hotloop bench: unknown benchmark(s) {unknown}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)

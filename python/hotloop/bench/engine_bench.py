@@ -31,12 +31,11 @@ import asyncio
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 
 from hotloop.bench.engine_workloads import MODEL, one_engine
-from hotloop.bench.report import NO_PLOT, Progress, Report, cdf_panel, fmt, pyplot, table
+from hotloop.bench.report import NO_PLOT, Progress, Report, cdf_panel, fmt, median_spread, pyplot, table
 
 MODES = ("block", "poll", "hotloop")
 EXECUTORS = ("inprocess", "multiproc")
@@ -69,8 +68,7 @@ def _ray_results(p: dict) -> dict:
 
 
 def _med(runs, part, key):
-    vals = [r[part][key] for r in runs]
-    return statistics.median(vals), (max(vals) - min(vals)) / 2 if len(vals) > 1 else float("nan")
+    return median_spread([r[part][key] for r in runs])
 
 
 def _plot(results: dict, path: str) -> str:

@@ -27,7 +27,8 @@ import os
 import sys
 
 from hotloop.bench.engine_workloads import engine_tree_cpu, one_engine
-from hotloop.bench.report import Progress, cmdline, descendants, processes
+from hotloop.bench.proc import cmdline, descendants, processes
+from hotloop.bench.report import Progress
 
 ROWS = {  # label -> engine arguments
     "multiproc tp=2": {"executor": "multiproc", "tp": 2},

@@ -15,7 +15,8 @@ import asyncio
 import random
 import time
 
-from hotloop.bench.report import Progress, percentile, process_tree_cpu_seconds, time_stream
+from hotloop.bench.proc import process_tree_cpu_seconds
+from hotloop.bench.report import Progress, percentile, time_stream
 
 MODEL = "small"
 

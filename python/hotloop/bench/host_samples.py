@@ -70,6 +70,8 @@ import tempfile
 import threading
 import time
 
+from hotloop.bench.proc import alive, schedstat, thread_name
+
 
 class SamplingError(RuntimeError):
     """py-spy is missing, or could not sample a process."""
@@ -189,39 +191,6 @@ def parse_raw(text: str) -> dict[tuple[int, str], collections.Counter]:
 
 # ---- /proc ----
 
-def _schedstat(pid: int) -> dict[int, tuple[int, int]]:
-    """tid -> (ns run on a CPU, ns waited on a run queue) of every live thread of `pid`."""
-    out = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                run, wait, _ = f.read().split()
-            out[int(tid)] = (int(run), int(wait))
-        except (OSError, ValueError):
-            pass
-    return out
-
-
-def _comm(pid: int, tid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/task/{tid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 def python_version_of(pid: int) -> tuple[int, int] | None:
     """The target's Python (major, minor) from its executable's or its libpython's name, where one says it."""
     names = []
@@ -289,7 +258,7 @@ class Sampler:
         if not seconds > 0:
             raise ValueError(f"seconds must be > 0, got {seconds}")
         for name, pid in pids.items():
-            if not isinstance(pid, int) or pid <= 0 or not _alive(pid):
+            if not isinstance(pid, int) or pid <= 0 or not alive(pid):
                 raise ValueError(f"process {name!r} (pid {pid}) is not running: pass the pid of a live process")
         self.pids, self.rate_hz, self.native, self.top = dict(pids), int(rate_hz), native, top
         self.seconds = max(1, math.ceil(seconds))
@@ -332,10 +301,10 @@ class Sampler:
         for line in run.proc.stdout:
             run.log.append(line.rstrip())
             if not run.t0 and "Sampling process" in line:
-                run.s0, run.t0 = _schedstat(run.pid), time.monotonic()
+                run.s0, run.t0 = schedstat(run.pid), time.monotonic()
                 run.started.set()
         run.proc.wait()
-        run.s1, run.t1 = _schedstat(run.pid), time.monotonic()
+        run.s1, run.t1 = schedstat(run.pid), time.monotonic()
         run.started.set()
 
     def _why(self, run: _Run) -> str:
@@ -344,7 +313,7 @@ class Sampler:
         if "ermission" in text or "ptrace" in text.lower():
             hint = (" (py-spy needs ptrace on the target: run as the same user with kernel.yama.ptrace_scope 0, or "
                     "as root; in a container, add CAP_SYS_PTRACE)")
-        elif not _alive(run.pid):
+        elif not alive(run.pid):
             hint = " (the process is gone)"
         return f"py-spy could not sample process {run.name!r} (pid {run.pid}){hint}: {text}"
 
@@ -430,7 +399,7 @@ def _figures(pid, stacks, intervals, errors, wall_s, s0, s1, rate_hz, top, ended
         # capped at 100: schedstat adds a run-queue wait when it ends, so one that began before the window counts in it
         measured_runnable = min(100.0, 100.0 * (run_ns + rq_ns) / 1e9 / wall_s) if wall_s > 0 else math.nan
         threads[tid] = {
-            "name": tname or _comm(pid, tid), "samples": kept, "waiting": waiting, "work": work,
+            "name": tname or thread_name(pid, tid), "samples": kept, "waiting": waiting, "work": work,
             "waiting_share": waiting / kept if kept else math.nan,
             "runnable_pct": runnable, "waiting_cpu_pct": 100.0 * waiting / intervals * on_cpu,
             "work_cpu_pct": 100.0 * work / intervals * on_cpu,

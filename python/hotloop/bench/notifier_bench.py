@@ -23,7 +23,7 @@ import time
 
 import hotloop
 import hotloop.cuda
-from hotloop.bench.report import Goal, Progress, Report, check_goals, fmt, median, percentile, summarize_us, table
+from hotloop.bench.report import Goal, Progress, Report, check_goals, fmt, median, summarize_us, table
 
 MECHANISMS = ("stream_callback", "event_thread")
 

@@ -13,10 +13,9 @@ Figures are medians over rounds; the spread (half the range) shows the noise.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 
-from hotloop.bench.report import Progress, Report, fmt, percentile, table
+from hotloop.bench.report import Progress, Report, fmt, median_spread, percentile, table
 
 CHUNK = 4
 MAX_TOKENS = 24
@@ -87,8 +86,7 @@ def run(quick: bool = False):
     progress.close()
 
     def med(loop, key, c=None):
-        vals = [r[key] if c is None else r[c][key] for r in rounds[loop]]
-        return statistics.median(vals), ((max(vals) - min(vals)) / 2 if len(vals) > 1 else float("nan"))
+        return median_spread([r[key] if c is None else r[c][key] for r in rounds[loop]])
 
     data, rows = {}, []
     top = max(p["concurrency"])
@@ -101,7 +99,7 @@ def run(quick: bool = False):
         row = [loop, fmt(d["idle_cpu_pct"][0], 3)]
         for c in p["concurrency"]:
             row += [fmt(d[f"c{c}_ttft_p50_ms"][0], 1), fmt(d[f"c{c}_ttft_p99_ms"][0], 1)]
-        row += [fmt(d[f"c8_gap_p99_ms"][0], 1), fmt(d[f"c8_late_gap_pct"][0], 1),
+        row += [fmt(d["c8_gap_p99_ms"][0], 1), fmt(d["c8_late_gap_pct"][0], 1),
                 fmt(d[f"c{top}_packets_per_s"][0], 0)]
         rows.append(row)
     heads = ["loop", "idle CPU %"]

@@ -37,7 +37,6 @@ import pickle
 import random
 import time
 
-import hotloop
 from hotloop import MessageQueue, WaitPolicy
 from hotloop.bench import relay_bench
 from hotloop.bench.report import Goal, Progress, Report, check_goals, fmt, median, percentile, summarize_us, table

@@ -1,16 +1,14 @@
-"""Helpers shared by the benchmarks: percentiles, a progress line, tables, goals and their verdicts, and the JSON
-record."""
+"""Helpers shared by the benchmarks: percentiles and figures over rounds, a progress line, tables, goals and their
+verdicts, the JSON record, and plots. What they read of /proc is in proc.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import os
 import statistics
 import sys
 import time
-from typing import NamedTuple
 
 
 def percentile(values, q):
@@ -93,6 +91,17 @@ class Table(str):
         self = super().__new__(cls, "\n".join(out))
         self.title, self.headers, self.rows, self.note, self.key = title, list(headers), cells, note, key
         return self
+
+
+def over_rounds(xs) -> dict:
+    """One figure over a benchmark's rounds: its median, min and max, and the runs themselves (``median_range``
+    makes the table cell)."""
+    return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": list(xs)}
+
+
+def median_spread(xs) -> tuple[float, float]:
+    """(median, half the range; nan for a single value) of one figure over rounds."""
+    return median(xs), (max(xs) - min(xs)) / 2 if len(xs) > 1 else math.nan
 
 
 def median_range(st: dict, digits: int) -> str:
@@ -203,6 +212,12 @@ def verdict_text(v: dict) -> tuple[str, str]:
                        f"{unit}), goal {goal}")
 
 
+def goal_lines(goals: list[dict]) -> str:
+    """The goals of a benchmark that judges them itself (``{"goal", "met", "detail"}``), a line each, as it prints
+    them under its tables: 'goal <goal>: met (<detail>)'."""
+    return "\n".join(f"goal {g['goal']}: {verdict_word(g)} ({g['detail']})" for g in goals)
+
+
 def verdict_line(bench: str, v: dict) -> str:
     """One line of the verdict: 'NOT met  wait: <goal>: <measured>'."""
     goal, measured = verdict_text(v)
@@ -219,58 +234,6 @@ def print_result(bench: str, data: dict, text, json_path: str | None = None) -> 
         with open(json_path, "w") as f:
             json.dump(data, f, indent=2, default=float)
     return 0
-
-
-class Proc(NamedTuple):
-    ppid: int
-    cpu_s: float  # utime + stime
-
-
-def processes() -> dict[int, Proc]:
-    """Every live process: pid -> Proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    procs = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        procs[int(p)] = Proc(int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    return procs
-
-
-def cmdline(pid: int) -> bytes | None:
-    """The process's command line (NUL-separated), or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def descendants(procs: dict[int, Proc], root: int) -> list[int]:
-    """`root` and its descendants among `procs` (those alive when the table was read)."""
-    children: dict[int, list[int]] = {}
-    for pid, proc in procs.items():
-        children.setdefault(proc.ppid, []).append(pid)
-    out, stack, seen = [], [root], set()
-    while stack:
-        pid = stack.pop()
-        if pid in seen or pid not in procs:
-            continue
-        seen.add(pid)
-        out.append(pid)
-        stack.extend(children.get(pid, ()))
-    return out
-
-
-def process_tree_cpu_seconds(root: int) -> float:
-    """utime + stime of `root` and every live descendant, in seconds (children that exited are not counted)."""
-    procs = processes()
-    return sum(procs[pid].cpu_s for pid in descendants(procs, root))
 
 
 async def time_stream(stream, t0: float):

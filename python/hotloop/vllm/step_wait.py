@@ -15,7 +15,7 @@ Contract:
     worker yields through the engine core's turn (its waits are within the cap: it takes the next broadcast without
     a wake-up, and a runnable engine core on its core still runs first), while the engine core, whose waits are
     the compute (above the cap at batch 16 and at TP=2), parks at once and leaves the cores to the workers. Figures:
-    ``python -m hotloop.bench.vllm_batch`` (docs/vllm.md, "On vLLM's CPU build").
+    ``python -m hotloop.bench.vllm.batch`` (docs/vllm.md, "On vLLM's CPU build").
   - **plain** where the model is off the host (GPU platforms, the simulated device) but the engine core and this
     host's workers outnumber the cores: a paced reader's spin window takes a core another process needs (the
     simulated device at TP=2 on 2 cores: decode 1.27x vLLM's plain against 0.99x paced; docs/vllm.md).

@@ -4,21 +4,21 @@
 This is the case a new user tries first on a machine without a GPU, and the one where the processes (front end,
 engine core, one worker per rank) outnumber the cores: every wait competes with the model's compute for a core.
 
-Method: per TP, one engine per arm (``vllm_bench.Driver``: a fresh driver process, MultiprocExecutor, the tiny
+Method: per TP, one engine per arm (``driver.Driver``: a fresh driver process, MultiprocExecutor, the tiny
 random Llama, float32, OpenMP threads bound one core per rank), all started before the first burst and kept alive
 together. A round runs, for each batch size, each arm's burst in turn (the arm that goes first rotating each
 round): ``bursts`` x ``LLM.generate`` of ``batch`` prompts and ``max_tokens`` greedy tokens (EOS ignored). After
 a burst of vLLM's queue the bench waits ``settle_s`` (1.2 s): vLLM's readers spin for 1 s after their last message,
-and a spinning engine left behind would take a core from the next arm (hotloop's readers park: nothing to wait for). Per burst: output tokens / wall seconds, and CPU
-seconds of the arm's whole process tree per 1000 tokens (every thread's schedstat; by process too: front end,
-engine core, each worker). Ratios are taken within a round (the same few seconds of the same machine), then the median
-over rounds; many short rounds, so that a noisy second hits every arm alike and the median leaves it out. Greedy token ids are compared across
-arms.
+and a spinning engine left behind would take a core from the next arm (hotloop's readers park: nothing to wait
+for). Per burst: output tokens / wall seconds, and CPU seconds of the arm's whole process tree per 1000 tokens
+(every thread's schedstat; by process too: front end, engine core, each worker). Ratios are taken within a round
+(the same few seconds of the same machine), then the median over rounds; many short rounds, so that a noisy
+second hits every arm alike and the median leaves it out. Greedy token ids are compared across arms.
 
 With ``HOTLOOP_VLLM_SIM_DEVICE`` set (every engine inherits it) the model runs on the simulated device instead
 (``hotloop.vllm.sim_device``: vLLM's async scheduling path, its host work real): the same bench for the GPU regime.
 
-``python -m hotloop.bench.vllm_batch [--rounds N] [--tp-sizes 1,2] [--arms vllm,hotloop,...] [--json PATH]``;
+``python -m hotloop.bench.vllm.batch [--rounds N] [--tp-sizes 1,2] [--arms vllm,hotloop,...] [--json PATH]``;
 ``--arm-env NAME=K=V,K=V`` adds an arm (hotloop's queue with those variables), for A/B runs of a policy.
 """
 
@@ -29,6 +29,11 @@ import json
 import statistics
 import sys
 import time
+
+from hotloop.bench.report import goal_lines
+from hotloop.bench.vllm.arms import check_queue_class
+from hotloop.bench.vllm.driver import Driver
+from hotloop.bench.vllm.processes import cpu_by_process
 
 BATCHES = (1, 16)
 MAX_TOKENS = 64
@@ -46,8 +51,6 @@ GOALS = {"tok_ratio_min": 1.0, "cpu_ratio_max": {1: 0.75, 16: 0.9}}
 
 
 def _start(tp: int, arm: str, env: dict, model: str):
-    from hotloop.bench.vllm_bench import Driver, check_queue_class
-
     # Driver's arm_env sets the paced / loop / timeline switches for the shapes bench; here an arm leaves unset
     # whatever its env does not name (the defaults under test), the timeline's stamps included
     arm_kind = "vllm" if env.get("HOTLOOP_VLLM") == "0" else "hotloop"
@@ -57,8 +60,6 @@ def _start(tp: int, arm: str, env: dict, model: str):
 
 
 def _burst(driver, batch: int, bursts: int, max_tokens: int) -> dict:
-    from hotloop.bench.vllm_bench import cpu_by_process
-
     c0, tokens, wall, ids = cpu_by_process(driver.pid), 0, 0.0, None
     for _ in range(bursts):
         out = driver.generate(batch, max_tokens)
@@ -169,7 +170,8 @@ def report(data: dict) -> str:
              f"tokens a request, {data['rounds']} short rounds, arms alternating burst by burst; medians, ratios "
              "within a round)"]
     lines += table(data["rows"], data["arms"], data["tps"])
-    lines += [f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})" for g in data.get("goals", [])]
+    if data.get("goals"):
+        lines.append(goal_lines(data["goals"]))
     return "\n".join(lines)
 
 
@@ -189,7 +191,7 @@ def run(rounds: int = 15, tps=(1, 2), arms=("vllm", "hotloop"), extra_arms: dict
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm.batch", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--tp-sizes", default="1,2")
     ap.add_argument("--arms", default="vllm,hotloop")

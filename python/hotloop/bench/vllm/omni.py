@@ -1,7 +1,7 @@
 """``hotloop bench vllm-omni``: vllm-omni 0.30.0's two-stage text pipeline (``hotloop.vllm.omni``) on vLLM's own
 queue and on hotloop's, in the same run and the same process layout.
 
-Arms (each a fresh ``AsyncOmni`` in its own driver process, ``python -m hotloop.bench.omni_bench --driver``):
+Arms (each a fresh ``AsyncOmni`` in its own driver process, ``python -m hotloop.bench.vllm.omni --driver``):
 "event" (vllm-omni's event-driven orchestrator and drain, vLLM's queue), "event+hotloop" (the same with
 ``HOTLOOP_VLLM=1``: hotloop's queue in every stage's engine core and worker) and "legacy" (vllm-omni's default
 1 ms polling orchestrator and drain, vLLM's queue).
@@ -25,7 +25,6 @@ arms and rounds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -34,12 +33,13 @@ import sys
 import tempfile
 import time
 
-from hotloop.bench.report import Progress, Report, median, median_range, percentile, table
+from hotloop.bench.proc import schedstat, thread_name, tree
+from hotloop.bench.report import Progress, Report, goal_lines, median_range, over_rounds, percentile, table
+from hotloop.bench.vllm.processes import GLOO_LOOP_THREAD
 
 ARMS = ("event", "event+hotloop", "legacy")
 BASELINE = "event"
 KINDS = ("caller", "engine_cores", "workers", "gloo", "other")
-GLOO_LOOP_THREAD = "gloo_tcp_loop"  # torch's gloo transport in each worker: epoll_wait with a 10 ms tick, every arm
 
 
 def _arm_env(arm: str) -> dict:
@@ -51,17 +51,6 @@ def _arm_env(arm: str) -> dict:
 
 
 # ---- process tree ----
-
-def _tree(root: int) -> dict[int, str]:
-    from hotloop.bench.report import cmdline, descendants, processes
-
-    out = {}
-    for pid in descendants(processes(), root):
-        line = cmdline(pid)
-        if line is not None:
-            out[pid] = line.replace(b"\0", b" ").decode(errors="replace").strip()
-    return out
-
 
 def kind_of(pid: int, root: int, cmd: str) -> str:
     """The process kind: the caller (the driver, where AsyncOmni and its orchestrator thread run), a stage's engine
@@ -79,17 +68,11 @@ def tree_seconds(root: int) -> dict[str, float]:
     """CPU seconds of `root` and its live descendants by process kind, from every thread's schedstat (torch's gloo
     loop threads apart: they tick in every arm, untouched by any queue)."""
     parts = dict.fromkeys(KINDS + ("tree",), 0.0)
-    for pid, cmd in _tree(root).items():
+    for pid, cmd in tree(root).items():
         kind = kind_of(pid, root, cmd)
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError, ValueError):
-                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        ns = int(f.read().split()[0]) / 1e9
-                    with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                        gloo = f.read().strip() == GLOO_LOOP_THREAD
-                    parts["gloo" if gloo else kind] += ns
-                    parts["tree"] += ns
+        for tid, (ns, _waited) in schedstat(pid).items():
+            parts["gloo" if thread_name(pid, tid) == GLOO_LOOP_THREAD else kind] += ns / 1e9
+            parts["tree"] += ns / 1e9
     return parts
 
 
@@ -211,7 +194,7 @@ def _driver(args) -> int:
             await asyncio.sleep(3.0)
             i1 = tree_seconds(root)
             dt = time.monotonic() - t_idle
-            kinds = {pid: kind_of(pid, root, cmd) for pid, cmd in _tree(root).items()}
+            kinds = {pid: kind_of(pid, root, cmd) for pid, cmd in tree(root).items()}
             out = {"pid": root, "kinds": kinds,
                    "ttfo_ms": [r["ttfo_ms"] for r in res], "e2e_ms": [r["e2e_ms"] for r in res],
                    "cpu_s_per_1k_tok": 1000 * (c1["tree"] - c0["tree"]) / tokens,
@@ -231,7 +214,7 @@ def run_arm(arm: str, model: str, requests: int, tokens: int, seed: int) -> dict
     """One fresh AsyncOmni of `arm` in a driver process: its figures, and the pids whose log says they run on
     hotloop's queue (``on_hotloop``)."""
     with tempfile.TemporaryFile("w+") as log:
-        p = subprocess.run([sys.executable, "-m", "hotloop.bench.omni_bench", "--driver", "--model", model,
+        p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm.omni", "--driver", "--model", model,
                             "--requests", str(requests), "--tokens", str(tokens), "--seed", str(seed)],
                            env=_arm_env(arm), stdout=subprocess.PIPE, stderr=log, text=True, timeout=1800,
                            start_new_session=True)
@@ -262,10 +245,6 @@ def check_arm(arm: str, res: dict) -> str:
         return f"expected two engine cores and two workers, found {kinds}"
     missing = stage_procs - on
     return f"not on hotloop's queue: {sorted((p, kinds[p]) for p in missing)}" if missing else ""
-
-
-def _stats(xs):
-    return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
 FIGURES = {"ttfo_p50_ms": ("first output p50 ms", 1), "ttfo_p99_ms": ("first output p99 ms", 1),
@@ -330,10 +309,10 @@ def run(quick: bool = False, rounds: int | None = None, requests: int | None = N
 def summarize(raw: dict, arms) -> dict:
     data = {"arms": list(arms), "per_arm": {}, "ratio": {}, "idle_by_kind": {}}
     for arm in arms:
-        data["per_arm"][arm] = {k: _stats([r["figures"][k] for r in raw[arm]]) for k in FIGURES}
-        data["idle_by_kind"][arm] = {k: _stats([r["idle_pct"][k] for r in raw[arm]]) for k in KINDS + ("tree",)}
+        data["per_arm"][arm] = {k: over_rounds([r["figures"][k] for r in raw[arm]]) for k in FIGURES}
+        data["idle_by_kind"][arm] = {k: over_rounds([r["idle_pct"][k] for r in raw[arm]]) for k in KINDS + ("tree",)}
         if arm != BASELINE and BASELINE in raw:
-            data["ratio"][arm] = {k: _stats([a["figures"][k] / b["figures"][k] if b["figures"][k] else float("nan")
+            data["ratio"][arm] = {k: over_rounds([a["figures"][k] / b["figures"][k] if b["figures"][k] else float("nan")
                                              for a, b in zip(raw[arm], raw[BASELINE])]) for k in FIGURES}
     return data
 
@@ -371,8 +350,7 @@ def render(data: dict, arms) -> Report:
     parts.append(table("Idle CPU in the 3 s after the last request, percent of one core, by process kind",
                        ["arm", "caller (AsyncOmni, orchestrator)", "stage engine cores",
                         "stage workers (gloo apart)", "gloo loops", "other", "tree"], idle_rows))
-    parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
-                           for g in data["goals"]))
+    parts.append(goal_lines(data["goals"]))
     parts.append("Method: a fresh AsyncOmni per arm and round (event: vllm-omni's event-driven orchestrator, vLLM's "
                  "queue; event+hotloop: the same on hotloop's queue; legacy: vllm-omni's 1 ms polling loop, vLLM's "
                  "queue), 3 warm-up requests, then sequential requests; the first arm rotates each round; ratios "
@@ -382,7 +360,7 @@ def render(data: dict, arms) -> Report:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.omni_bench")
+    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm.omni")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="1 round of 4 requests (a smoke run)")

@@ -62,7 +62,7 @@ async def main(model: str, tp: int) -> None:
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
         model=model, tensor_parallel_size=tp, distributed_executor_backend="ray", dtype="float32",
         max_model_len=1024, max_num_seqs=16, seed=0, enforce_eager=True))
-    from hotloop.bench.report import cmdline, processes
+    from hotloop.bench.proc import cmdline, processes
 
     core = [pid for pid, proc in processes().items() if proc.ppid == os.getpid()
             and any(word in (cmdline(pid) or b"") for word in (b"EngineCore", b"VLLM"))]

@@ -83,7 +83,7 @@ class Deployment:
     def start(self, timeout: float = 300) -> dict:
         self._shm_before = set(os.listdir("/dev/shm"))
         self.driver = self.nodes.popen(
-            "head", [sys.executable, "-m", "hotloop.bench.vllm_ray_driver", self.model, str(self.tp), "2"],
+            "head", [sys.executable, "-m", "hotloop.bench.vllm.ray_driver", self.model, str(self.tp), "2"],
             env=self.cluster.driver_env("head"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
             text=True)
         self.ready = self._line(timeout)
@@ -299,7 +299,7 @@ def run(quick: bool = True, cuts: int | None = None, vllm_cuts: int = 1, log_dir
     goals.append({"goal": "nothing left on either node after shutdown or a failure", "met": h["clean"],
                   "detail": "nothing left" if h["clean"] else json.dumps(h["left"])})
     if broadcast:
-        from hotloop.bench import vllm_broadcast
+        from hotloop.bench.vllm import broadcast as vllm_broadcast
 
         bdata, btext = vllm_broadcast.run(quick)
         data["broadcast"] = bdata

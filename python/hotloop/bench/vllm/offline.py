@@ -2,7 +2,7 @@
 same process layout: vLLM's queue and loop ("vllm"), hotloop's queue under vLLM's loop ("hotloop"), hotloop's queue
 and engine-core loop ("hotloop+loop", ``hotloop.vllm.engine_loop``).
 
-Method: each engine runs in a fresh driver process (``python -m hotloop.bench.vllm_bench --shapes-driver``) on a
+Method: each engine runs in a fresh driver process (``python -m hotloop.bench.vllm.offline --shapes-driver``) on a
 tiny random Llama model built locally (``hotloop.vllm.tiny_model``), with ``HOTLOOP_VLLM`` / ``HOTLOOP_VLLM_LOOP``
 set per arm (the driver asks each worker which queue class it runs and the bench checks it) and
 ``HOTLOOP_VLLM_TIMELINE=1`` in every arm (``hotloop.vllm.timeline``: per-hop stamps). After a warm-up the engine
@@ -23,10 +23,11 @@ together), in the upstream shapes' token counts (``shapes(quick, "sim")``), at T
 ``0``, ``0|1``, ``0|1|0|1``; the tiny model four heads wide), with a fourth arm, vLLM's queue with its spinloop
 extension (``VLLM_USE_SPINLOOP_EXT=1``). Per shape it adds the host CPU of each process (front end, engine core,
 each worker: every thread's schedstat over the shape's span, percent of one core). ``--online`` runs the same
-shapes through vLLM's own server and client instead (``vllm_online.py``). ``--arms`` picks arms (vLLM's first),
+shapes through vLLM's own server and client instead (``online.py``). ``--arms`` picks arms (vLLM's first),
 ``hotloop-plain`` among them (hotloop's queue with its readers' plain wait, ``HOTLOOP_VLLM_PACED=0``).
 
-``Driver`` (``--driver``) is the offline ``LLM.generate`` harness the vLLM tests use.
+The arms, the shapes and what compares them are in ``arms``; the CPU of the engine's processes in ``processes``;
+``driver.Driver`` is the offline ``LLM.generate`` harness the vLLM tests and the batch rows use.
 
 On this machine (few cores) TP=2 binds the workers' OpenMP threads one core each (``VLLM_CPU_OMP_THREADS_BIND``
 "0|1"), TP=1 to core 0; the KV cache is 1 GiB (``VLLM_CPU_KVCACHE_SPACE``).
@@ -35,7 +36,6 @@ On this machine (few cores) TP=2 binds the workers' OpenMP threads one core each
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -45,292 +45,16 @@ import subprocess
 import sys
 import time
 
-from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, cmdline, descendants, fmt, median, median_range,
-                                   percentile, process_tree_cpu_seconds, processes, pyplot, table)
-
-OUTPUT_TOKENS = 64
-ARMS = ("vllm", "hotloop", "hotloop+loop")  # vLLM's queue and loop; hotloop's queue; hotloop's queue and loop
-# on the simulated device, vLLM's own cheaper spin (its spinloop extension) is a fourth arm
-SIM_ARMS = ("vllm", "vllm+spinloop", "hotloop", "hotloop+loop")
-BIND = {1: "0", 2: "0|1", 4: "0|1|0|1"}  # TP=4 on the simulated device: its forwards cost no CPU
-
-
-# selectable with --arms: hotloop's arms with the readers' plain wait (HOTLOOP_VLLM_PACED=0) instead of the paced one
-EXTRA_ARMS = ("hotloop-plain", "hotloop+loop-plain")
-
-
-def arms_for(device: str) -> tuple[str, ...]:
-    return SIM_ARMS if device == "sim" else ARMS
-
-
-# ---- process-tree CPU ----
-
-def tree(root: int) -> dict[int, str]:
-    """pid -> command line (vLLM retitles its processes: VLLM::EngineCore, VLLM::Worker_TP0, ...) of `root` and
-    its live descendants."""
-    found = {pid: cmdline(pid) for pid in descendants(processes(), root)}
-    return {pid: line.replace(b"\0", b" ").decode(errors="replace").strip() for pid, line in found.items()
-            if line is not None}
-
-
-GLOO_LOOP_THREAD = "gloo_tcp_loop"  # torch's gloo transport: one per gloo device, epoll_wait with a 10 ms tick
-
-
-IDLE_PARTS = ("tree", "gloo", "waiters", "front_end", "other")
-
-
-def tree_run_seconds(root: int) -> dict[str, float]:
-    """CPU seconds of every thread of `root` and its live descendants, from /proc/<pid>/task/<tid>/schedstat
-    (nanoseconds the scheduler accounted; utime + stime are sampled at the clock tick, which over a few seconds of
-    near-idle charges a whole 10 ms tick to a thread that ran microseconds when the tick hit it), in parts:
-    "tree" (all), "gloo" (torch's gloo loop threads), "waiters" (the main threads of the engine core and the
-    workers: where the queue's and the engine-core loop's waits run), "front_end" (the other threads of `root`, the
-    process that runs the front end) and "other" (every other thread: vLLM's input / output threads, ZeroMQ's ...)."""
-    parts = dict.fromkeys(IDLE_PARTS, 0)
-    for pid, cmd, tid, ns in _thread_run_ns(tree(root)):
-        waiter_process = "EngineCore" in cmd or "Worker" in cmd
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        part = ("gloo" if name == GLOO_LOOP_THREAD else "waiters" if waiter_process and tid == pid
-                else "front_end" if pid == root else "other")
-        parts["tree"] += ns
-        parts[part] += ns
-    return {k: v / 1e9 for k, v in parts.items()}
-
-
-def _thread_run_ns(processes: dict[int, str]):
-    """(pid, command line, tid, nanoseconds run) of every live thread of `processes` (pid -> command line), from
-    /proc/<pid>/task/<tid>/schedstat; threads that end meanwhile are left out."""
-    for pid, cmd in processes.items():
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError, ValueError):
-                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        yield pid, cmd, int(tid), int(f.read().split()[0])
-
-
-def process_kind(pid: int, cmd: str, root: int) -> str:
-    """front_end (the process that runs the front end), engine_core, worker (vLLM's VLLM::Worker*) or other."""
-    if pid == root:
-        return "front_end"
-    if "EngineCore" in cmd:
-        return "engine_core"
-    if "Worker" in cmd:
-        return "worker"
-    return "other"
-
-
-def cpu_by_process(root: int) -> dict[str, float]:
-    """CPU seconds (every thread's schedstat) of `root`'s tree by process kind (process_kind); the workers one by
-    one, worker0, worker1, ... in the order of their pids (the order vLLM starts its ranks in)."""
-    out: dict[str, float] = {}
-    found = tree(root)
-    workers = sorted(pid for pid, cmd in found.items() if process_kind(pid, cmd, root) == "worker")
-    for pid, cmd, _tid, ns in _thread_run_ns(found):
-        kind = process_kind(pid, cmd, root)
-        if kind == "worker":
-            kind = f"worker{workers.index(pid)}"
-        out[kind] = out.get(kind, 0.0) + ns / 1e9
-    return out
-
-
-# ---- the driver (one engine, one arm) ----
-
-def _check_worker_queue(_worker=None):
-    """Runs in each worker (collective_rpc): the MessageQueue class vLLM's executor module uses there."""
-    mod = sys.modules["vllm.v1.executor.multiproc_executor"]
-    return f"{mod.MessageQueue.__module__}.{mod.MessageQueue.__qualname__}"
-
-
-def _check_reader_wait(_worker=None):
-    """Runs in each worker (collective_rpc): the waits its shared-memory readers chose (hotloop.vllm.step_wait:
-    kind, cap in us, why), [] on vLLM's own queue."""
-    step_wait = sys.modules.get("hotloop.vllm.step_wait")
-    return [(w.kind, w.cap_us, w.why) for _name, w in step_wait.chosen] if step_wait else []
-
-
-def _check_sim_device(_worker=None):
-    """Runs in each worker (collective_rpc): the simulated device's step times and TP rank, or None when the model
-    computes for real."""
-    runner = getattr(_worker, "model_runner", None)
-    clock = getattr(getattr(runner, "model", None), "_hotloop_device_clock", None)
-    if clock is None:
-        return None
-    return {"base_us": clock.base_ns / 1e3, "per_token_us": clock.per_token_ns / 1e3, "rank": clock.rank,
-            "world": clock.world, "steps": clock.steps,
-            "path": "async" if getattr(runner, "use_async_scheduling", False) else "sync"}
-
-
-def _driver(args) -> int:
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # vLLM logs to stdout: keep the protocol channel clean
-
-    def say(**msg):
-        proto.write(json.dumps(msg) + "\n")
-
-    from vllm import LLM, SamplingParams
-
-    from hotloop.vllm import tiny_model
-
-    llm = LLM(model=args.model, tensor_parallel_size=args.tp, distributed_executor_backend="mp", dtype="float32",
-              max_model_len=512, max_num_seqs=16, seed=0, enforce_eager=True, gpu_memory_utilization=0.5)
-    queue_class = sorted(set(llm.collective_rpc(_check_worker_queue)))
-    say(ready=True, pid=os.getpid(), queue_class=queue_class, sim_device=llm.collective_rpc(_check_sim_device),
-        reader_wait=llm.collective_rpc(_check_reader_wait))
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd["cmd"] == "generate":
-            params = SamplingParams(temperature=0.0, max_tokens=cmd.get("max_tokens", OUTPUT_TOKENS), ignore_eos=True)
-            prompts = tiny_model.prompts(cmd["batch"], seed=cmd.get("seed", 0))
-            t0 = time.perf_counter()
-            try:
-                outs = llm.generate(prompts, params, use_tqdm=False)
-            except Exception as e:  # reported (tests read it); the engine is unusable after most errors
-                say(error=f"{type(e).__module__}.{type(e).__qualname__}", message=str(e)[:500],
-                    after_s=time.perf_counter() - t0)
-                continue
-            wall = time.perf_counter() - t0
-            say(wall_s=wall, token_ids=[list(o.outputs[0].token_ids) for o in outs])
-        elif cmd["cmd"] == "exit":
-            break
-    say(bye=True)
-    return 0
-
-
-def arm_env(tp: int, arm: str, device: str = "cpu") -> dict:
-    """The environment of a driver process of `arm` at tensor parallel size `tp`, on vLLM's CPU build (`device`
-    "cpu") or on the simulated device ("sim": HOTLOOP_VLLM_SIM_DEVICE, its value kept if already set)."""
-    sim = {"HOTLOOP_VLLM_SIM_DEVICE": os.environ.get("HOTLOOP_VLLM_SIM_DEVICE") or "1"} if device == "sim" else {}
-    # the readers' wait: the plain arms' forced, the others' the host's default (step_wait.choose) unless the
-    # bench's own environment sets it
-    plain = {"HOTLOOP_VLLM_PACED": "0"} if arm.endswith("-plain") else {}
-    return dict(os.environ, **sim, **plain, HOTLOOP_VLLM="0" if arm.startswith("vllm") else "1",
-                VLLM_USE_SPINLOOP_EXT="1" if arm == "vllm+spinloop" else "0",
-                HOTLOOP_VLLM_LOOP="1" if arm.startswith("hotloop+loop") else "0", HOTLOOP_VLLM_TIMELINE="1",
-                VLLM_CPU_KVCACHE_SPACE="1",
-                VLLM_CPU_OMP_THREADS_BIND=BIND.get(tp, "auto"), TOKENIZERS_PARALLELISM="false",
-                VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-                # lets the driver ask each worker which queue class it runs (a function sent by collective_rpc)
-                VLLM_ALLOW_INSECURE_SERIALIZATION="1")
-
-
-class Driver:
-    """The bench side of a driver process: start, send bursts, read results, stop."""
-
-    def __init__(self, tp: int, arm: str, model: str, env_extra: dict | None = None):
-        """env_extra: variables set in the driver's environment over the arm's; a value None removes one."""
-        env = {k: v for k, v in {**arm_env(tp, arm), **(env_extra or {})}.items() if v is not None}
-        self.tp, self.arm = tp, arm
-        self.log = open(os.devnull, "w") if not os.environ.get("HOTLOOP_BENCH_VERBOSE") else None
-        self.proc = subprocess.Popen([sys.executable, "-m", "hotloop.bench.vllm_bench", "--driver", "--tp", str(tp),
-                                      "--model", model], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=env, text=True, start_new_session=True)
-        ready = self._read()
-        self.pid = self.proc.pid
-        self.queue_class = ready["queue_class"]
-        self.sim_device = ready["sim_device"]  # per worker: the simulated device's figures, or None
-        self.reader_wait = ready["reader_wait"]  # per worker: its readers' waits [(kind, cap_us, why)]
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            rc = self.proc.wait()
-            raise RuntimeError(f"vLLM driver (TP={self.tp}, arm {self.arm}) exited with code {rc} before answering; "
-                               "rerun with HOTLOOP_BENCH_VERBOSE=1 to see its log")
-        return json.loads(line)
-
-    def generate(self, batch: int, max_tokens: int = OUTPUT_TOKENS) -> dict:
-        """One burst: {"wall_s", "token_ids", "cpu_s"}, or {"error", "message", "after_s"} when vLLM raised."""
-        c0 = process_tree_cpu_seconds(self.pid)
-        self.proc.stdin.write(json.dumps({"cmd": "generate", "batch": batch, "max_tokens": max_tokens}) + "\n")
-        self.proc.stdin.flush()
-        out = self._read()
-        out["cpu_s"] = process_tree_cpu_seconds(self.pid) - c0
-        return out
-
-    def processes(self) -> dict[int, str]:
-        """The driver's process tree: pid -> command line."""
-        return tree(self.pid)
-
-    def idle_cpu(self, windows=((0.0, 3.0), (5.0, 8.0))) -> list[tuple[float, float]]:
-        """CPU of the tree, and of its gloo loop threads, in percent of one core over each window (seconds after
-        now)."""
-        return idle_cpu(self.pid, windows)
-
-    def close(self) -> dict[int, str]:
-        """Stop the driver; then SIGKILL whatever of its process group outlived it (a vLLM worker can: see
-        docs/vllm.md) and return those stragglers (pid -> command line)."""
-        tracked = self.processes()
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
-        def left():
-            found = {}
-            for pid, cmd in tracked.items():
-                try:
-                    if pid != self.proc.pid and os.getpgid(pid) == self.proc.pid:
-                        found[pid] = cmd
-                except OSError:
-                    continue
-            return found
-
-        deadline = time.monotonic() + 10  # multiprocessing's resource tracker exits a moment after its clients
-        while (stragglers := left()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if stragglers:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, 9)
-        for f in (self.proc.stdin, self.proc.stdout, self.log):
-            if f is not None:
-                f.close()
-        return stragglers
-
-
-# ---- the benchmark: AsyncLLM in the shapes of the engine-core loop's change ----
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """One load on a fresh engine: `n` requests of `prompt_tokens` random token ids (seeded) and `output_tokens`
-    greedy output tokens each, arriving as a seeded Poisson process of `rate` req/s (0: all at once)."""
-
-    name: str
-    n: int
-    prompt_tokens: int
-    output_tokens: int
-    rate: float
-
-    def arrivals(self, seed: int) -> list[float]:
-        if self.rate <= 0:
-            return [0.0] * self.n
-        rng, t, out = random.Random(seed), 0.0, []
-        for _ in range(self.n):
-            t += rng.expovariate(self.rate)
-            out.append(t)
-        return out
-
-
-def shapes(quick: bool, device: str = "cpu") -> list[Shape]:
-    """The upstream change's shapes, scaled to a 2-vCPU machine and a tiny model. On the simulated device, the
-    upstream shapes' token counts (arrivals 128 / 8, decode 32 / 512, single 32 / 256) with fewer requests."""
-    if device == "sim":
-        if quick:
-            return [Shape("arrivals", 48, 128, 8, 100.0), Shape("poisson", 24, 32, 64, 8.0),
-                    Shape("decode", 16, 32, 128, 0.0), Shape("single", 1, 32, 128, 0.0)]
-        return [Shape("arrivals", 128, 128, 8, 100.0), Shape("poisson", 64, 32, 64, 8.0),
-                Shape("decode", 16, 32, 512, 0.0), Shape("single", 1, 32, 256, 0.0)]
-    if quick:
-        return [Shape("arrivals", 32, 128, 8, 40.0), Shape("poisson", 24, 16, 32, 4.0),
-                Shape("decode", 16, 16, 128, 0.0), Shape("single", 1, 16, 128, 0.0)]
-    return [Shape("arrivals", 96, 128, 8, 40.0), Shape("poisson", 64, 16, 32, 4.0),
-            Shape("decode", 16, 16, 256, 0.0), Shape("single", 1, 16, 256, 0.0)]
+from hotloop.bench import host_samples
+from hotloop.bench.proc import process_tree_cpu_seconds, tree
+from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, fmt, goal_lines, median, median_range,
+                                   over_rounds, percentile, pyplot, table)
+from hotloop.bench.vllm import batch
+from hotloop.bench.vllm.arms import (ARMS, EXTRA_ARMS, SIM_ARMS, Shape, arm_env, arms_for, check_queue_class,
+                                     compare_outputs, cpu_rows, identical_goal, shapes, sim_spec, worker_queue_class,
+                                     worker_sim_device)
+from hotloop.bench.vllm.online import run as run_online
+from hotloop.bench.vllm.processes import IDLE_PARTS, cpu_by_process, idle_cpu, process_kind
 
 
 def _prompt_ids(n: int, length: int, seed: int) -> list[list[int]]:
@@ -415,8 +139,6 @@ async def _sampled_decode(engine, shape: Shape, seed: int) -> dict:
 
     from vllm import SamplingParams
 
-    from hotloop.bench import host_samples
-
     me = os.getpid()
     found = tree(me)
     kind = {p: process_kind(p, c, me) for p, c in found.items()}
@@ -459,8 +181,8 @@ def _shapes_driver(args) -> int:
             max_model_len=512, max_num_seqs=16, seed=0, enforce_eager=True,
             async_scheduling=False if args.sync else None))  # None: vLLM's choice (on a GPU / sim device: on)
         try:
-            queue_class = sorted(set(await engine.collective_rpc(_check_worker_queue)))
-            sim_device = await engine.collective_rpc(_check_sim_device)
+            queue_class = sorted(set(await engine.collective_rpc(worker_queue_class)))
+            sim_device = await engine.collective_rpc(worker_sim_device)
             warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
             await asyncio.gather(*(_one_request(engine, p, warm, f"warm{i}", 0.0, time.monotonic())
                                    for i, p in enumerate(_prompt_ids(4, 128, 99))))
@@ -479,24 +201,9 @@ def _shapes_driver(args) -> int:
     return 0
 
 
-def idle_cpu(root: int, windows=((0.0, 3.0),)) -> list[dict[str, float]]:
-    """CPU of `root`'s tree in percent of one core over each window (seconds after now), in the parts of
-    tree_run_seconds."""
-    t0 = time.monotonic()
-    res = []
-    for start, end in windows:
-        time.sleep(max(0.0, t0 + start - time.monotonic()))
-        c0, w0 = tree_run_seconds(root), time.monotonic()
-        time.sleep(max(0.0, t0 + end - time.monotonic()))
-        c1 = tree_run_seconds(root)
-        dt = time.monotonic() - w0
-        res.append({k: 100.0 * (c1[k] - c0[k]) / dt for k in IDLE_PARTS})
-    return res
-
-
 def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: str = "cpu", sync: bool = False) -> dict:
     """One fresh engine of `arm` through every shape, in a driver process: its figures."""
-    p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm_bench", "--shapes-driver", "--tp", str(tp),
+    p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm.offline", "--shapes-driver", "--tp", str(tp),
                         "--model", model, "--seed", str(seed), "--device", device] + ["--quick"] * quick
                        + ["--sync"] * sync,
                        env=arm_env(tp, arm, device), stdout=subprocess.PIPE, stderr=None if os.environ.get(
@@ -514,18 +221,6 @@ def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: st
         raise RuntimeError(f"TP={tp} arm {arm}: asked for the {'synchronous' if sync else 'async scheduling'} path, "
                            f"the workers run {sorted({w['path'] for w in sim})}")
     return res
-
-
-def check_queue_class(arm: str, found: list[str]) -> None:
-    want = "hotloop.vllm.message_queue.MessageQueue" if not arm.startswith("vllm") else \
-        "vllm.distributed.device_communicators.shm_broadcast.MessageQueue"
-    if found != [want]:
-        raise RuntimeError(f"arm {arm}: the workers use {found}, expected {want}")
-
-
-def _stats(xs: list[float]) -> dict:
-    """median, min, max of one figure over the rounds."""
-    return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
 FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": ("TTFT p50 ms", 1),
@@ -548,7 +243,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     """Every TP size and arm for `rounds` rounds (see the module docstring); `device` "sim" runs the model on the
     simulated device (hotloop.vllm.sim_device) with vLLM's spinloop extension as a fourth arm, TP 1, 2 and 4 by
     default, on vLLM's GPU path (async scheduling) or with `sync` its synchronous one; `online` (sim only) runs the
-    shapes through vllm serve and vllm bench serve (bench/vllm_online.py)."""
+    shapes through vllm serve and vllm bench serve (bench/vllm/online.py)."""
     try:
         import vllm  # noqa: F401
     except Exception as e:  # ImportError, or a vLLM that fails to import
@@ -560,9 +255,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     if online:
         if device != "sim":
             raise ValueError("--online runs on the simulated device: add --device sim")
-        from hotloop.bench import vllm_online
-
-        return vllm_online.run(quick=quick, rounds=rounds, tps=tps, seed=seed, sync=sync)
+        return run_online(quick=quick, rounds=rounds, tps=tps, seed=seed, sync=sync)
     from hotloop.vllm import SUPPORTED_VLLM_VERSIONS, check_version, tiny_model
 
     version = check_version()
@@ -599,14 +292,12 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
         data["sim_device_us"] = requested() or sim_spec()
     full = set(arms) >= set(arms_for(device))
     data["goals"] = goals_sim(data, tps) if device == "sim" else goals(data, tps) if full else []
-    if device == "cpu":  # the offline batch rows: vLLM's queue against hotloop's defaults (bench/vllm_batch.py)
-        from hotloop.bench import vllm_batch
-
-        data["batch"] = vllm_batch.run(rounds=5 * rounds, tps=tps, say=lambda _line: None)
+    if device == "cpu":  # the offline batch rows: vLLM's queue against hotloop's defaults (bench/vllm/batch.py)
+        data["batch"] = batch.run(rounds=5 * rounds, tps=tps, say=lambda _line: None)
         data["goals"] += data["batch"]["goals"]
     text = render(data, tps, quick)
     if device == "cpu":
-        text.append(vllm_batch.report(data["batch"]))
+        text.append(batch.report(data["batch"]))
     if plot_path:
         text.append(_plot(data, raw, tps, plot_path))
     return data, text
@@ -620,43 +311,6 @@ def outputs_digest(outputs: dict) -> dict[str, str]:
     return {shape: hashlib.sha256(json.dumps(v).encode()).hexdigest()[:16] for shape, v in outputs.items()}
 
 
-def compare_outputs(res: dict, key: str, reference: dict, differ: set, label: str) -> None:
-    """Take each shape's outputs (res[shape][key]) out of one engine's figures; the first engine's are the reference,
-    a shape whose outputs differ from it is added to `differ` as "<label> <shape>"."""
-    for shape, figures in res.items():
-        if not isinstance(figures, dict) or key not in figures:
-            continue
-        outputs = figures.pop(key)
-        if shape not in reference:
-            reference[shape] = outputs
-        elif outputs != reference[shape]:
-            differ.add(f"{label} {shape}")
-
-
-def identical_goal(data: dict, what: str) -> dict:
-    return {"goal": f"{what} identical in every arm", "met": data["identical_greedy_outputs"],
-            "detail": "yes" if data["identical_greedy_outputs"] else "differ: " + ", ".join(data["outputs_differ"])}
-
-
-def cpu_rows(data: dict, tps, last) -> list[list]:
-    """Per TP and arm: the decode shape's host CPU per process (front end, engine core, each worker), then
-    last(tp, arm, pct)'s cells."""
-    rows = []
-    for tp in tps:
-        for arm in data["arms"]:
-            pct = data["tp"][tp]["decode"][arm]["cpu_pct"]
-            workers = sorted(k for k in pct if k.startswith("worker"))
-            rows.append([f"TP={tp} {arm}", fmt(pct.get("front_end", 0.0), 0), fmt(pct.get("engine_core", 0.0), 0),
-                         " / ".join(fmt(pct[w], 0) for w in workers)] + last(tp, arm, pct))
-    return rows
-
-
-def sim_spec() -> tuple[float, float]:
-    from hotloop.testing.device_clock import DEFAULT_BASE_US, DEFAULT_PER_TOKEN_US
-
-    return DEFAULT_BASE_US, DEFAULT_PER_TOKEN_US
-
-
 def summarize(raw: dict, tps, quick: bool, rounds: int, arms=ARMS, device: str = "cpu") -> dict:
     """Per TP, shape, arm and figure: median (min-max) over rounds, and the within-round ratio of each other arm
     to vLLM's."""
@@ -668,16 +322,16 @@ def summarize(raw: dict, tps, quick: bool, rounds: int, arms=ARMS, device: str =
             per = rec[shape.name] = {}
             for arm in arms:
                 runs = [r[shape.name] for r in raw[(tp, arm)]]
-                per[arm] = {k: _stats([r[k] for r in runs]) for k in FIGURES}
+                per[arm] = {k: over_rounds([r[k] for r in runs]) for k in FIGURES}
                 per[arm]["hops_ms"] = {h: median([r["hops_ms"][h] for r in runs]) for h in runs[0]["hops_ms"]}
                 per[arm]["waits_during_step"] = sum(r["waits_during_step"] for r in runs)
                 per[arm]["cpu_pct"] = {k: median([r["cpu_pct"].get(k, 0.0) for r in runs])
                                        for k in sorted(set().union(*(r["cpu_pct"] for r in runs)))}
                 if arm != "vllm":
                     own = [r[shape.name] for r in raw[(tp, "vllm")]]
-                    per[f"{arm}/vLLM"] = {k: _stats([h[k] / o[k] if o[k] else math.nan for h, o in zip(runs, own)])
+                    per[f"{arm}/vLLM"] = {k: over_rounds([h[k] / o[k] if o[k] else math.nan for h, o in zip(runs, own)])
                                           for k in FIGURES}
-        rec["idle"] = {arm: {k: _stats([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
+        rec["idle"] = {arm: {k: over_rounds([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
                        for arm in arms}
         if all("sampled" in r for arm in arms for r in raw[(tp, arm)]):
             rec["sampled"] = _summarize_sampled({arm: [r["sampled"] for r in raw[(tp, arm)]] for arm in arms})
@@ -705,11 +359,11 @@ def _summarize_sampled(per_arm: dict[str, list[dict]]) -> dict:
             out[arm][name]["check"] = [r[name]["check"] for r in runs if name in r]
             out[arm][name]["top_waiting"] = runs[-1].get(name, {}).get("top_waiting", [])
         totals = [sampled_totals(r) for r in runs]
-        out[arm]["total"] = {k: _stats([t[k] for t in totals]) for k in totals[0]}
+        out[arm]["total"] = {k: over_rounds([t[k] for t in totals]) for k in totals[0]}
         for base in ("vllm", "vllm+spinloop"):
             if arm != base and base in per_arm:
                 own = [sampled_totals(r) for r in per_arm[base]]
-                out[arm][f"/{base}"] = {k: _stats([t[k] / o[k] if o[k] else math.nan for t, o in zip(totals, own)])
+                out[arm][f"/{base}"] = {k: over_rounds([t[k] / o[k] if o[k] else math.nan for t, o in zip(totals, own)])
                                         for k in ("waiting_cpu_pct", "measured_cpu_pct")}
     return out
 
@@ -835,9 +489,10 @@ def render(data: dict, tps, quick: bool) -> Report:
                 rows.append([f"TP={tp} {arm}/vLLM"] + [median_range(per[f"{arm}/vLLM"][k], 2) for k in keys])
         how = "all at once" if shape["rate"] <= 0 else f"Poisson {shape['rate']:g} req/s"
         parts.append(table(
-            f"vLLM {data['vllm_version']} AsyncLLM{_device_words(data)}, shape '{shape['name']}': {shape['n']} requests of "
-            f"{shape['prompt_tokens']} prompt / {shape['output_tokens']} output tokens, {how}; median (min-max) "
-            f"over {n} round{'s' * (n > 1)}", ["TP / arm"] + [FIGURES[k][0] for k in keys], rows))
+            f"vLLM {data['vllm_version']} AsyncLLM{_device_words(data)}, shape '{shape['name']}': "
+            f"{shape['n']} requests of {shape['prompt_tokens']} prompt / {shape['output_tokens']} output tokens, "
+            f"{how}; median (min-max) over {n} round{'s' * (n > 1)}", ["TP / arm"] + [FIGURES[k][0] for k in keys],
+            rows))
     hop_rows = []
     for tp in tps:
         for arm in arms:
@@ -862,8 +517,7 @@ def render(data: dict, tps, quick: bool) -> Report:
                                                                   fmt(pct.get("other", 0.0), 0)])))
     if all("sampled" in data["tp"][tp] for tp in tps):
         parts.append(_sampled_table(data, tps))
-    parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
-                           for g in data["goals"]))
+    parts.append(goal_lines(data["goals"]))
     parts.append("Method: one fresh engine per TP and arm (vLLM: vLLM's queue and loop; hotloop: hotloop's queue, "
                  "vLLM's loop; hotloop+loop: hotloop's queue and engine-core loop) runs every shape in turn after a "
                  "warm-up; arms alternate which goes first each round; ratios are taken within a round. CPU: the "
@@ -883,7 +537,8 @@ def _sampled_table(data: dict, tps):
 
             def cell(name):
                 v = rec[name]
-                return f"{fmt(v['waiting_cpu_pct'], 1)} / {fmt(v['measured_cpu_pct'], 0)} ({fmt(100 * v['waiting_share'], 0)} %)"
+                return (f"{fmt(v['waiting_cpu_pct'], 1)} / {fmt(v['measured_cpu_pct'], 0)} "
+                        f"({fmt(100 * v['waiting_share'], 0)} %)")
 
             ratio = rec.get("/vllm", {}).get("waiting_cpu_pct")
             tot = rec["total"]
@@ -961,8 +616,7 @@ def _plot(data: dict, raw: dict, tps, path: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm_bench")
-    ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
+    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm.offline")
     ap.add_argument("--shapes-driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
@@ -970,8 +624,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
     ap.add_argument("--tp-sizes", default=None, help="tensor parallel sizes (default 1,2; 1,2,4 with --device sim)")
     ap.add_argument("--device", choices=("cpu", "sim"), default="cpu",
-                    help="cpu: vLLM's CPU build computes the model; sim: the simulated device (hotloop.vllm.sim_device, "
-                    "HOTLOOP_VLLM_SIM_DEVICE=BASE_US+PER_TOKEN_US to change its step time)")
+                    help="cpu: vLLM's CPU build computes the model; sim: the simulated device "
+                    "(hotloop.vllm.sim_device, HOTLOOP_VLLM_SIM_DEVICE=BASE_US+PER_TOKEN_US to change its step time)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the model, the prompts and the arrivals")
     ap.add_argument("--arms", default=None, help="comma-separated arms, vllm first (default: the device's; "
                     f"also {', '.join(EXTRA_ARMS)})")
@@ -981,8 +635,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hotloop-bench-vllm.png")
     args = ap.parse_args(argv)
-    if args.driver:
-        return _driver(args)
     if args.shapes_driver:
         return _shapes_driver(args)
     if args.rounds is not None and args.rounds < 1:

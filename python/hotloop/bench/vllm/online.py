@@ -2,9 +2,9 @@
 ``vllm serve`` loaded by ``vllm bench serve`` (both through ``python -m hotloop.vllm.launch`` on the CPU build), so
 the latency figures are vLLM's own.
 
-Method: per round, per TP size and arm (``vllm_bench.SIM_ARMS``, the arm that goes first rotating each round), a
+Method: per round, per TP size and arm (``arms.SIM_ARMS``, the arm that goes first rotating each round), a
 fresh ``vllm serve`` of the tiny model on the simulated device (``HOTLOOP_VLLM_SIM_DEVICE``), the arm's environment
-(``vllm_bench.arm_env``), ``--enforce-eager``, at most 16 sequences. Each shape (``vllm_bench.shapes(quick, "sim")``) is
+(``arms.arm_env``), ``--enforce-eager``, at most 16 sequences. Each shape (``arms.shapes(quick, "sim")``) is
 one ``vllm bench serve`` run of vLLM's random dataset (fixed lengths, seed 0, ``--ignore-eos``): Poisson arrivals at
 the shape's rate (all at once where it is 0; decode at most 16 concurrent, single 1). Per shape, from vLLM's result
 file: req/s, output tok/s, TTFT p50 / p99, ITL p50 / p99; from this harness: the host CPU of each server process
@@ -26,9 +26,10 @@ import tempfile
 import time
 import urllib.request
 
-from hotloop.bench import vllm_bench
-from hotloop.bench.report import Progress, Report, fmt, median, median_range, table
-from hotloop.bench.vllm_bench import IDLE_PARTS, SIM_ARMS, cpu_by_process, idle_cpu, shapes
+from hotloop.bench.proc import tree
+from hotloop.bench.report import Progress, Report, fmt, goal_lines, median, median_range, over_rounds, table
+from hotloop.bench.vllm.arms import SIM_ARMS, arm_env, compare_outputs, cpu_rows, identical_goal, shapes, sim_spec
+from hotloop.bench.vllm.processes import IDLE_PARTS, cpu_by_process, idle_cpu
 
 FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": ("TTFT p50 ms", 1),
            "ttft_p99_ms": ("TTFT p99 ms", 1), "itl_p50_ms": ("ITL p50 ms", 2), "itl_p99_ms": ("ITL p99 ms", 2),
@@ -51,7 +52,7 @@ class Server:
 
     def __init__(self, tp: int, arm: str, model: str, start_timeout_s: float = 300.0, sync: bool = False):
         self.tp, self.arm, self.model, self.port = tp, arm, model, _free_port()
-        env = vllm_bench.arm_env(tp, arm, "sim")
+        env = arm_env(tp, arm, "sim")
         env.pop("HOTLOOP_VLLM_TIMELINE", None)  # vLLM's own figures, nothing of hotloop's added to the arms
         self.proc = subprocess.Popen(
             _launch("serve", model, "--host", "127.0.0.1", "--port", str(self.port), "--tensor-parallel-size",
@@ -63,8 +64,8 @@ class Server:
         while not self._healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.close()
-                raise RuntimeError(f"vllm serve (TP={tp}, arm {arm}) did not come up (exit code {self.proc.returncode});"
-                                   " rerun with HOTLOOP_BENCH_VERBOSE=1 to see its log")
+                raise RuntimeError(f"vllm serve (TP={tp}, arm {arm}) did not come up (exit code "
+                                   f"{self.proc.returncode}); rerun with HOTLOOP_BENCH_VERBOSE=1 to see its log")
             time.sleep(0.5)  # start-up only: the server answers /health once its engine is ready
 
     def _healthy(self) -> bool:
@@ -117,7 +118,7 @@ class Server:
                 "texts": res.get("generated_texts", [])}
 
     def processes(self) -> dict[int, str]:
-        return vllm_bench.tree(self.proc.pid)
+        return tree(self.proc.pid)
 
     def close(self) -> None:
         """SIGINT (vLLM's graceful shutdown), then SIGKILL of whatever of the server's group is left."""
@@ -165,7 +166,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
         for tp in tps:
             for arm in order:
                 res = run_server(tp, arm, model, quick, seed, sync)
-                vllm_bench.compare_outputs(res, "texts", reference, differ, f"TP={tp} {arm} round {rnd + 1}")
+                compare_outputs(res, "texts", reference, differ, f"TP={tp} {arm} round {rnd + 1}")
                 raw[(tp, arm)].append(res)
                 progress.step(f"round {rnd + 1} TP={tp} {arm}: arrivals {res['arrivals']['req_per_s']:.0f} req/s, "
                               f"TTFT p99 {res['arrivals']['ttft_p99_ms']:.1f} ms, decode "
@@ -175,15 +176,11 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     from hotloop.vllm.sim_device import requested
 
     data.update({"vllm_version": version, "seed": seed, "device": "sim", "online": True,
-                 "sim_device_us": requested() or vllm_bench.sim_spec(),
+                 "sim_device_us": requested() or sim_spec(),
                  "identical_greedy_outputs": not differ and all(reference.values()),
                  "outputs_differ": sorted(differ), "path": "sync" if sync else "async"})
     data["goals"] = goals(data, tps)
     return data, render(data, tps)
-
-
-def _stats(xs):
-    return {"median": median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
 def summarize(raw: dict, tps, quick: bool, rounds: int, arms) -> dict:
@@ -195,18 +192,18 @@ def summarize(raw: dict, tps, quick: bool, rounds: int, arms) -> dict:
             own = [r[shape.name] for r in raw[(tp, "vllm")]]
             for arm in arms:
                 runs = [r[shape.name] for r in raw[(tp, arm)]]
-                per[arm] = {k: _stats([r[k] for r in runs]) for k in FIGURES}
+                per[arm] = {k: over_rounds([r[k] for r in runs]) for k in FIGURES}
                 per[arm]["cpu_pct"] = {k: median([r["cpu_pct"].get(k, 0.0) for r in runs])
                                        for k in sorted(set().union(*(r["cpu_pct"] for r in runs)))}
                 if arm != "vllm":
-                    per[f"{arm}/vLLM"] = {k: _stats([h[k] / o[k] if o[k] else float("nan") for h, o in zip(runs, own)])
-                                          for k in FIGURES}
-        rec["idle"] = {arm: {k: _stats([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
+                    per[f"{arm}/vLLM"] = {k: over_rounds([h[k] / o[k] if o[k] else float("nan")
+                                                          for h, o in zip(runs, own)]) for k in FIGURES}
+        rec["idle"] = {arm: {k: over_rounds([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
                        for arm in arms}
         spin = raw[(tp, "vllm+spinloop")]
         for arm in ("hotloop", "hotloop+loop"):
             runs = raw[(tp, arm)]
-            rec["decode"][f"{arm}/spinloop"] = {"host_cpu_pct": _stats(
+            rec["decode"][f"{arm}/spinloop"] = {"host_cpu_pct": over_rounds(
                 [h["decode"]["host_cpu_pct"] / s["decode"]["host_cpu_pct"] for h, s in zip(runs, spin)])}
     return data
 
@@ -233,7 +230,7 @@ def goals(data: dict, tps) -> list[dict]:
                             "and <= 0.5x vLLM's with its spinloop extension",
                     "met": all(a <= 0.25 and b <= 0.5 for a, b in cpu.values()),
                     "detail": ", ".join(f"TP={tp} {a:.2f} / {b:.2f}" for tp, (a, b) in cpu.items())})
-    out.append(vllm_bench.identical_goal(data, "online: generated texts"))
+    out.append(identical_goal(data, "online: generated texts"))
     return out
 
 
@@ -253,20 +250,21 @@ def render(data: dict, tps) -> Report:
             rows += [[f"TP={tp} {arm}/vLLM"] + [median_range(per[f"{arm}/vLLM"][k], 2) for k in keys]
                      for arm in arms[1:]]
         how = "all at once" if shape["rate"] <= 0 else f"Poisson {shape['rate']:g} req/s"
+        path = "synchronous path" if data.get("path") == "sync" else "async scheduling"
         parts.append(table(
             f"vllm serve + vllm bench serve (vLLM {data['vllm_version']}) on the simulated device ({base:g} us + "
-            f"{per_token:g} us a token, vLLM's {'synchronous path' if data.get('path') == 'sync' else 'async scheduling'}), shape '{shape['name']}': {shape['n']} requests of {shape['prompt_tokens']} / "
-            f"{shape['output_tokens']} tokens, {how}; median (min-max) over {n} round{'s' * (n > 1)}",
+            f"{per_token:g} us a token, vLLM's {path}), shape '{shape['name']}': {shape['n']} requests of "
+            f"{shape['prompt_tokens']} / {shape['output_tokens']} tokens, {how}; median (min-max) over {n} "
+            f"round{'s' * (n > 1)}",
             ["TP / arm"] + [FIGURES[k][0] for k in keys], rows, key=f"online-{shape['name']}"))
-    rows = vllm_bench.cpu_rows(data, tps, lambda tp, arm, pct: [
+    rows = cpu_rows(data, tps, lambda tp, arm, pct: [
         median_range(data["tp"][tp]["decode"][arm]["host_cpu_pct"], 0),
         fmt(data["tp"][tp]["idle"][arm]["waiters"]["median"], 3)])
     parts.append(table("Host CPU of the server's processes while decoding (percent of one core, median over rounds), "
                        "and idle after the last shape", ["TP / arm", "front end", "engine core", "each worker",
                                                          "engine core + workers", "idle: waiting threads %"],
                        rows, key="online-cpu"))
-    parts.append("\n".join(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['detail']})"
-                           for g in data["goals"]))
+    parts.append(goal_lines(data["goals"]))
     parts.append(__doc__.split("\n\n", 1)[1].strip().replace("\n", " "))
     return Report(parts)
 

@@ -1,5 +1,5 @@
 """The step broadcast's cost to its writer at TP=4 on two nodes (2 + 2), vLLM's own MessageQueue against hotloop's,
-in one run: ``python -m hotloop.bench.vllm_broadcast [--quick]`` (part of ``hotloop bench vllm-ray``).
+in one run: ``python -m hotloop.bench.vllm.broadcast [--quick]`` (part of ``hotloop bench vllm-ray``).
 
 Method: the writer is this process, as vLLM's executor is: a queue of 4 readers, 2 on the writer's node (shared
 memory) and 2 on another node (ranks 2 and 3, processes of their own that name their node "far":
@@ -139,7 +139,7 @@ def run(quick: bool = True, runs: int | None = None, payloads=(2048, 65536)) -> 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m hotloop.bench.vllm.broadcast", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int)
     args = ap.parse_args(argv)
