@@ -13,12 +13,14 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <new>
 #include <random>
 
 #include "hotloop/clock.h"
 #include "hotloop/errors.h"
 #include "hotloop/nvtx.h"
+#include "hotloop/process_exit.h"
 #include "hotloop/wait_any.h"
 
 namespace hotloop {
@@ -355,11 +357,8 @@ ShmRing ShmRing::claim_slot(Layout* l, size_t size, const std::string& name, uin
                l->writer_pid, l->writer_start_time};
   ShmRing r = mapped(l, size, name, int(rank), geo);
   r.owns_mapping_ = owns_mapping;
-  if (owns_mapping && geo.writer_pid != int32_t(getpid()) && park_backend().backend != ParkBackend::kSliced) {
-    // Opened first, then confirmed: if the writer still holds its pid now, the pidfd is the writer's.
-    r.writer_exit_ = ProcessExit::open(geo.writer_pid);
-    if (r.writer_exit_ && !process_alive(geo.writer_pid, geo.writer_start_time)) r.writer_exit_.reset();
-  }
+  r.watch_writer_exit_ = owns_mapping && geo.writer_pid != int32_t(getpid()) &&
+                         park_backend().backend != ParkBackend::kSliced;
   r.pos_ = start;
   if (l->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == expect_readers) r.unlink();
   l->space_bell.ring();  // a writer may be waiting in wait_all_attached
@@ -372,7 +371,7 @@ ShmRing::ShmRing(ShmRing&& o) noexcept
       owner_pid_(o.owner_pid_), owns_mapping_(o.owns_mapping_), linked_(o.linked_.load()),
       closed_(o.closed_.load()),
       next_seq_(o.next_seq_), pending_release_(o.pending_release_), reader_floor_(o.reader_floor_),
-      source_(o.source_), writer_exit_(std::move(o.writer_exit_)),
+      source_(o.source_), watch_writer_exit_(o.watch_writer_exit_),
       partial_(std::move(o.partial_)), partial_seq_(o.partial_seq_), partial_filled_(o.partial_filled_),
       assembling_(o.assembling_) {
   if (source_ != nullptr) source_->r_ = this;
@@ -683,8 +682,13 @@ bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHook
   Source* s = source_;
   WaitHooks unsliced;
   const WaitHooks* inner = liveness_sliced(hooks, unsliced);
+  auto writer_died = [&] {
+    throw DeadPeerError("the writer (pid " + std::to_string(geo_.writer_pid) + ") of queue " + name_ +
+                        " died; every message it published was delivered: recreate the queue");
+  };
   bool parked = false;
-  bool watch_exit = writer_exit_ != nullptr;
+  bool watch_exit = watch_writer_exit_;
+  std::unique_ptr<ProcessExit> writer_exit;  // the writer's pidfd, from the second park of this wait on
   for (;; now = -1) {
     throw_if_cancelled();
     if (readable()) return true;
@@ -697,22 +701,32 @@ bool ShmRing::wait_readable(int64_t deadline, WaitPolicy& policy, const WaitHook
       throw ClosedError("queue " + name_ + " was shut down by its writer (every message before that was "
                         "delivered)");
     }
+    if (parked && watch_exit && writer_exit == nullptr) {
+      // Opened first, then confirmed: if the writer still holds its pid now, the pidfd is the writer's.
+      writer_exit = ProcessExit::open(geo_.writer_pid);
+      if (writer_exit == nullptr) {
+        watch_exit = false;  // no pidfd here: the liveness slices alone
+      } else if (!process_alive(geo_.writer_pid, geo_.writer_start_time)) {
+        if (!readable()) writer_died();
+        continue;
+      }
+    }
     if (now < 0) now = now_ns();
     if (now >= deadline) return false;
     // The first park watches the doorbell alone (kFirstParkNs where the writer's pidfd is watched after it);
     // later ones the pidfd too: a writer that dies is then seen at once, not at the end of a slice.
-    Source* sources[2] = {s, watch_exit ? &writer_exit_->source() : nullptr};
-    const size_t n = parked && watch_exit ? 2 : 1;
+    Source* sources[2] = {s, writer_exit ? &writer_exit->source() : nullptr};
+    const size_t n = writer_exit ? 2 : 1;
     const int64_t slice = watch_exit && !parked ? kFirstParkNs : kLivenessSliceNs;
     parked = true;
     const uint64_t ready = wait_any(sources, n, std::min(deadline, now + slice) - now, policy, inner);
     if (ready & 1) continue;
     if (ready == 0) end_of_liveness_slice(inner, unsliced);
-    if (!readable() && !waits_cancelled() && !process_alive(geo_.writer_pid, geo_.writer_start_time)) {
-      throw DeadPeerError("the writer (pid " + std::to_string(geo_.writer_pid) + ") of queue " + name_ +
-                          " died; every message it published was delivered: recreate the queue");
+    if (!readable() && !waits_cancelled() && !process_alive(geo_.writer_pid, geo_.writer_start_time)) writer_died();
+    if ((ready & 2) && !readable()) {  // cannot be (it exited, yet lives): never spin on it
+      writer_exit.reset();
+      watch_exit = false;
     }
-    if ((ready & 2) && !readable()) watch_exit = false;  // cannot be (it exited, yet lives): never spin on it
   }
 }
 

@@ -26,9 +26,10 @@
 // message: a zero-copy view of ring memory for a message in one record (valid until release()), or an owned
 // buffer assembled from its fragments. A reader waiting for data notices shutdown (ClosedError) and a dead
 // writer (DeadPeerError) within ~500 ms, or at once where it can watch the writer's pidfd (process_exit.h: a
-// reader of another process, on a kernel with pidfd_open and a park backend other than "sliced"; it watches from
-// its wait's second park on, kFirstParkNs in, so that a wait ended by the next message parks on the doorbell
-// alone); messages published before either are still delivered.
+// reader of another process, on a kernel with pidfd_open and a park backend other than "sliced"). A wait opens
+// the pidfd at its second park, kFirstParkNs in, and closes it as it returns: a wait ended by the next message
+// parks on the doorbell alone, and no descriptor outlives a wait. Messages published before either are still
+// delivered.
 //
 // Trust: the segment is 0600 and shared with the queue's own processes only, yet a faulty reader can scribble
 // on it. Each side keeps its own copy of the geometry (capacity, readers, limits, writer identity) and of its
@@ -73,7 +74,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -81,7 +81,6 @@
 #include "hotloop/doorbell.h"
 #include "hotloop/errors.h"
 #include "hotloop/owned_bytes.h"
-#include "hotloop/process_exit.h"
 #include "hotloop/source.h"
 #include "hotloop/wait_any.h"
 #include "hotloop/wait_policy.h"
@@ -234,7 +233,7 @@ class ShmRing {
   uint64_t pending_release_ = 0;  // reader: bytes to advance on release()
   uint64_t reader_floor_ = 0;     // writer: the slowest reader's position when last read (never ahead of it)
   ReaderSource* source_ = nullptr;
-  std::unique_ptr<ProcessExit> writer_exit_;  // reader: the writer's pidfd, where there is one (see above)
+  bool watch_writer_exit_ = false;  // reader: a long wait watches the writer's pidfd (see above)
   OwnedBytes partial_;  // reader: a fragmented message being assembled
   uint64_t partial_seq_ = 0;
   uint64_t partial_filled_ = 0;

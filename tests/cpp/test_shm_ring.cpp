@@ -373,6 +373,51 @@ TEST_F(ShmRingTest, AWriterThatDiesWhileAReaderIsParkedIsSeenAtOnceNotAtTheSlice
   for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
 }
 
+TEST_F(ShmRingTest, NoDescriptorOutlivesALongWait) {
+  // A wait past its first park holds the writer's pidfd; it is closed as the wait returns (a message, a timeout).
+  const std::string name = "/hotloop-test-" + std::to_string(getpid()) + "-pidfdclosed";
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    RingGeometry g;
+    g.capacity = 4096;
+    ShmRing w = ShmRing::create(g, name);
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(3);
+    if (read(go[0], &c, 1) != 1) _exit(3);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    write_bytes(w, {7});
+    if (read(go[0], &c, 1) != 1) _exit(3);  // until the parent is done
+    _exit(0);
+  }
+  auto open_fds = [] {
+    int n = 0;
+    if (DIR* d = opendir("/proc/self/fd")) {
+      while (readdir(d) != nullptr) ++n;
+      closedir(d);
+    }
+    return n;
+  };
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ShmRing r = ShmRing::attach(name, 0, 4096, 1);
+  WaitPolicy park(0, 0, false);
+  ShmRing::Message m;
+  EXPECT_FALSE(r.read(m, 120'000'000, park));  // a timeout; also sets up this thread's park resources
+  const int before = open_fds();
+  ASSERT_EQ(write(go[1], &c, 1), 1);
+  ASSERT_TRUE(r.read(m, kLong, park));
+  EXPECT_EQ(m.data[0], 7);
+  EXPECT_EQ(open_fds(), before);
+  EXPECT_FALSE(r.read(m, 120'000'000, park));
+  EXPECT_EQ(open_fds(), before);
+  ASSERT_EQ(write(go[1], &c, 1), 1);
+  wait_child(pid);
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+}
+
 TEST_F(ShmRingTest, AnAbandonedRingDeliversWhatItHasThenRaisesDeadPeer) {
   RingGeometry g;
   g.capacity = 4096;
