@@ -55,6 +55,8 @@ class NetFault:
     rank: int
     t: float  # monotonic, when the fault began (one clock for every namespace)
     seconds: float = 0.0  # planned length (a partition lasts until its generation ends)
+    lasted_s: float = 0.0  # from the start of injecting it to the end of healing it: at most this long (a loaded
+    #                        machine runs nft late; TCP rides out a cut of up to ~1.4 s, see report.py)
     detected_s: dict = field(default_factory=dict)  # "writer" / "reader" -> seconds from the fault to DeadPeerError
     errors: list = field(default_factory=list)  # anything raised that the fault should not have caused
     lost: int = 0
@@ -161,5 +163,6 @@ class NetworkChaos:
                     await asyncio.to_thread(nodes.heal, g.wid, rank)
             except Exception as e:
                 fault.errors.append(f"healing it failed: {e!r}")
+            fault.lasted_s = time.monotonic() - fault.t
             self._quiet_until[(g.wid, gen, rank)] = time.monotonic() + self.bound_s
             g.end_fault(fault)

@@ -3,7 +3,7 @@
 One thread writes (``write``, ``shutdown``, ``close``); ``poll_peers`` is called from that thread too. ``write``
 blocks only while a reader is ``hwm`` messages behind, up to its timeout; it takes in subscription changes and
 refused handshakes every ``PEER_CHECK_EVERY`` writes and every ``PEER_CHECK_INTERVAL``. ``close`` waits for the
-socket's queued messages to go out, up to ``WRITER_LINGER_S``. The socket is set up here with pyzmq (CurveZMQ, ZAP,
+socket's queued messages to go out, up to ``writer_linger_s()``. The socket is set up here with pyzmq (CurveZMQ, ZAP,
 bind) and its subscriptions and monitor read here (``poll_peers``); a message's framing and send, and the count
 that says when to look at the peers, run in C++ (``_core.ZmqWriter``, csrc/hotloop/zmq_writer.h) with the GIL
 released, through the libzmq pyzmq loaded.
@@ -21,7 +21,7 @@ import zmq.utils.monitor
 from hotloop._core import ClosedError, DeadPeerError, ZmqWriter
 from hotloop.queue.remote.context import OPEN_ENDS, ProcessZmq
 from hotloop.queue.remote.curve import new_keys
-from hotloop.queue.remote.sockets import default_connect_ip, keepalive, monitor_socket
+from hotloop.queue.remote.sockets import default_connect_ip, keepalive, monitor_socket, peer_timeout_s
 from hotloop.queue.remote.wire import KIND_SHUTDOWN, NODE_TOPIC, parse_rank_topic, rank_topic
 
 # A writer takes in subscription changes and refused handshakes at least every this many sends and this often: a
@@ -33,11 +33,19 @@ from hotloop.queue.remote.wire import KIND_SHUTDOWN, NODE_TOPIC, parse_rank_topi
 # seconds, anyway).
 PEER_CHECK_EVERY = 64
 PEER_CHECK_INTERVAL = 0.010  # seconds
-WRITER_LINGER_S = 1.0  # how long a closed writer's socket still sends what it had queued
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 log = logging.getLogger("hotloop.queue.remote")
+
+
+def writer_linger_s() -> float:
+    """How long a closed writer's socket still sends what it had queued: the peer timeout and a second more. A
+    reader that is alive catches up within it (one stopped or starved longer would count as dead anyway), so
+    shutdown() reaches it after every message; a dead peer's connection is dropped by then, and what was queued
+    for it with it. (At a fixed second, a reader starved on a loaded machine, or stopped for two, lost the tail
+    and got DeadPeerError instead of ClosedError.)"""
+    return peer_timeout_s() + 1.0
 
 
 class RemotePublisher:
@@ -79,7 +87,7 @@ class RemotePublisher:
         self._sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe reaches us
         self._sock.setsockopt(zmq.XPUB_NODROP, 1)  # a slow reader makes send wait instead of losing messages
         self._sock.setsockopt(zmq.SNDHWM, hwm)
-        self._sock.setsockopt(zmq.LINGER, int(WRITER_LINGER_S * 1000))
+        self._sock.setsockopt(zmq.LINGER, int(writer_linger_s() * 1000))
         keepalive(self._sock)
         self._monitor = monitor_socket(self._sock, _HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED)
         connect_ip = connect_ip or default_connect_ip()
@@ -103,7 +111,8 @@ class RemotePublisher:
         """After close: wait until ZeroMQ destroyed the socket, which it does once every queued message went out
         (or LINGER passed); its monitor says so with MONITOR_STOPPED. The process's context may serve other queue
         ends and so is not terminated here, which is what would otherwise wait for this."""
-        deadline = time.monotonic() + WRITER_LINGER_S + 1.0
+        wait_s = writer_linger_s() + 1.0
+        deadline = time.monotonic() + wait_s
         while (left := deadline - time.monotonic()) > 0:
             if not self._monitor.poll(int(left * 1000) + 1):
                 break
@@ -111,7 +120,7 @@ class RemotePublisher:
             if event["event"] == zmq.EVENT_MONITOR_STOPPED:
                 return
         log.warning("queue %s: the remote writer's socket was not released within %.1f s of close()",
-                    self.queue_name, WRITER_LINGER_S + 1.0)
+                    self.queue_name, wait_s)
 
     def poll_peers(self) -> None:
         """Take in every subscription change and refused handshake that arrived (never blocks)."""
