@@ -12,8 +12,6 @@ import socket
 import zmq
 
 PEER_TIMEOUT_S = 3  # an unreachable peer's connection is given up after this long (HOTLOOP_PEER_TIMEOUT_S)
-PING_INTERVAL_MS = 500  # a ZMTP PING from each end this often: traffic that TCP retransmits (see keepalive)
-PONG_WAIT_MS = 3_600_000  # never disconnect for a missing PONG: the kernel's timers decide (see keepalive)
 
 
 def default_connect_ip() -> str:
@@ -54,31 +52,25 @@ def peer_timeout_s() -> int:
 
 def keepalive(sock: zmq.Socket) -> None:
     """Give up a connection whose peer's node vanished (no FIN or RST: power lost, a partition) within
-    ``peer_timeout_s()``, by the kernel's TCP timers, on both ends, and keep one that only loses packets:
+    ``peer_timeout_s()``, by the kernel's TCP timers, on both ends:
 
-    - Every connection carries traffic, idle or not: a ZMTP PING every ``PING_INTERVAL_MS`` from each end (the
-      peer's ZeroMQ answers with a PONG). Lost segments are retransmitted; one is given up only after about
-      four losses in a row, so 2 % packet loss does not end a live connection. (Keepalive probes alone did:
-      with whole-second probe intervals only two fit in the timeout, and both were lost about once in 600
-      idle seconds at 2 % loss each way; an idle rank's connection then ended with DeadPeerError.)
-    - ``TCP_USER_TIMEOUT`` (ZeroMQ's ``TCP_MAXRT``): the connection is dropped once sent data (a message, a
-      PING) stays unacknowledged that long: a vanished peer is seen ``timeout`` to ``timeout`` + the interval
-      after it vanished. Without it the writer's kernel retransmits for about 15 minutes and its writes succeed
-      into the send buffer all that time.
-    - TCP keepalive (a probe a second after an idle second), for the moments between PINGs.
+    - an idle connection (a reader waiting for the next message): keepalive probes every second after one idle
+      second, the connection dropped after ``timeout - 1`` unanswered ones;
+    - a connection with data in flight (the writer sending to a partitioned reader; keepalive never probes
+      then): ``TCP_USER_TIMEOUT`` (ZeroMQ's ``TCP_MAXRT``), the connection dropped once sent data stays
+      unacknowledged that long. Without it the writer's kernel retransmits for about 15 minutes and its writes
+      succeed into the send buffer all that time.
 
-    A slow reader is not a dead one: its kernel acknowledges the writer's zero-window probes, and no PONG is
-    waited for (the heartbeat timeout is an hour: a reader that is busy, its receive buffer full and ZeroMQ no
-    longer reading the socket, answers no PING and must not be disconnected for being slow). A peer whose
-    process dies is seen at once either way: its kernel closes the connection."""
+    A slow reader is not a dead one: its kernel acknowledges the writer's zero-window probes. Not ZMTP
+    heartbeats: those travel in-band, so a reader that is busy (its receive buffer full, ZeroMQ no longer
+    reading the socket) misses them and would be disconnected for being slow. A peer whose process dies is seen
+    at once either way: its kernel closes the connection."""
     timeout = peer_timeout_s()
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
     sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 1)
     sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 1)
     sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, timeout - 1)
     sock.setsockopt(zmq.TCP_MAXRT, timeout * 1000)
-    sock.setsockopt(zmq.HEARTBEAT_IVL, PING_INTERVAL_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, PONG_WAIT_MS)
 
 
 def reader_socket(ctx: zmq.Context, server_public: bytes, client_keys: tuple[bytes, bytes]) -> zmq.Socket:
