@@ -69,9 +69,10 @@ def keepalive(sock: zmq.Socket) -> None:
     Known limit: sustained packet loss can end a live idle connection. Keepalive intervals are whole seconds, so
     only two probes fit in the 3 s timeout; at 2 % loss each way both fail about once in 600 idle seconds (the
     soak's network run beside CPU load failed so once in 13 runs). ZMTP PINGs every 500 ms with no PONG awaited
-    were tried: they ended live connections in short cuts instead (a PING lost in a 0.3-1 s cut is in flight,
-    and TCP's doubling retransmission timer passes the timeout before it is resent after the cut; 2 of 3 runs
-    of the soak's network test failed so), so they are not used."""
+    were tried: they ended live connections in short cuts instead (2 of 3 runs of the soak's network test
+    failed so; most likely a PING lost in a 0.3-1 s cut, in flight where an idle connection had nothing, and
+    TCP's doubling retransmission timer reaching the timeout before the resend that would have crossed after
+    the cut), so they are not used."""
     timeout = peer_timeout_s()
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
     sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 1)
