@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -230,24 +231,51 @@ TEST_F(ShmRingTest, ADeadReaderIsDetectedWhenTheRingFillsAndCanBeDropped) {
   }
 }
 
+// A writer in a child process: creates the ring `name` (4 KiB, one reader), says so, and on each byte from the
+// parent runs the next step with it; exits without shutting down after the last (or when the parent stops).
+class WriterChild {
+ public:
+  WriterChild(const std::string& name, std::vector<std::function<void(ShmRing&)>> steps) {
+    EXPECT_EQ(pipe(ready_), 0);
+    EXPECT_EQ(pipe(go_), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      RingGeometry g;
+      g.capacity = 4096;
+      ShmRing w = ShmRing::create(g, name);
+      char c = 1;
+      if (write(ready_[1], &c, 1) != 1) _exit(3);
+      for (auto& step : steps) {
+        if (read(go_[0], &c, 1) != 1) _exit(3);
+        step(w);
+      }
+      _exit(0);  // dies without shutdown (no destructors)
+    }
+    char c = 0;
+    EXPECT_EQ(read(ready_[0], &c, 1), 1);
+  }
+  ~WriterChild() {
+    close(go_[1]);  // a child still waiting for its next step ends (a test that failed before giving it)
+    wait_child(pid_);
+    for (int fd : {ready_[0], ready_[1], go_[0]}) close(fd);
+  }
+  void next() {
+    char c = 1;
+    EXPECT_EQ(write(go_[1], &c, 1), 1);
+  }
+
+ private:
+  int ready_[2], go_[2];
+  pid_t pid_;
+};
+
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
 TEST_F(ShmRingTest, ADeadWriterIsDetectedByAParkedReaderAfterItsLastMessage) {
   const std::string name = "/hotloop-test-" + std::to_string(getpid()) + "-deadwriter";
-  int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    RingGeometry g;
-    g.capacity = 4096;
-    ShmRing w = ShmRing::create(g, name);
-    char c = 1;
-    if (write(ready[1], &c, 1) != 1) _exit(3);
-    while (!w.all_attached()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    write_bytes(w, {42});
-    _exit(0);  // dies without shutdown (no destructors)
-  }
-  char c;
-  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  WriterChild writer(name, {[](ShmRing& w) { write_bytes(w, {42}); }});
   ShmRing r = ShmRing::attach(name, 0, 4096, 1);
+  writer.next();
   WaitPolicy park(0, 0, false);
   ShmRing::Message m;
   ASSERT_TRUE(r.read(m, kLong, park));
@@ -255,9 +283,6 @@ TEST_F(ShmRingTest, ADeadWriterIsDetectedByAParkedReaderAfterItsLastMessage) {
   int64_t t0 = now_ns();
   EXPECT_THROW(r.read(m, kLong, park), DeadPeerError);
   EXPECT_LT(now_ns() - t0, 1'500'000'000);
-  wait_child(pid);
-  close(ready[0]);
-  close(ready[1]);
 }
 
 TEST_F(ShmRingTest, BadHandlesAndArgumentsGiveClearErrors) {
@@ -339,26 +364,11 @@ TEST_F(ShmRingTest, AWriterThatDiesWhileAReaderIsParkedIsSeenAtOnceNotAtTheSlice
   // The reader parks, then the writer process dies 150 ms into the wait: past the reader's first park (50 ms),
   // so its pidfd is watched and the death is seen at once. Without it, at the liveness slice's end (500 ms).
   const std::string name = "/hotloop-test-" + std::to_string(getpid()) + "-writerexit";
-  int ready[2], go[2];
-  ASSERT_EQ(pipe(ready), 0);
-  ASSERT_EQ(pipe(go), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    RingGeometry g;
-    g.capacity = 4096;
-    ShmRing w = ShmRing::create(g, name);
-    char c = 1;
-    if (write(ready[1], &c, 1) != 1) _exit(3);
-    if (read(go[0], &c, 1) != 1) _exit(3);
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    _exit(0);  // dies without shutdown
-  }
-  char c = 0;
-  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  WriterChild writer(name, {[](ShmRing&) { sleep_ms(150); }});
   ShmRing r = ShmRing::attach(name, 0, 4096, 1);
   WaitPolicy park(0, 0, false);
   ShmRing::Message m;
-  ASSERT_EQ(write(go[1], &c, 1), 1);
+  writer.next();
   const int64_t t0 = now_ns();
   try {
     r.read(m, kLong, park);
@@ -369,29 +379,15 @@ TEST_F(ShmRingTest, AWriterThatDiesWhileAReaderIsParkedIsSeenAtOnceNotAtTheSlice
   const int64_t took = now_ns() - t0;
   EXPECT_GE(took, 100'000'000) << "raised before the writer died";
   EXPECT_LT(took, 400'000'000) << "seen at the liveness slice's end, not when the writer died";
-  wait_child(pid);
-  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
 }
 
 TEST_F(ShmRingTest, NoDescriptorOutlivesALongWait) {
   // A wait past its first park holds the writer's pidfd; it is closed as the wait returns (a message, a timeout).
   const std::string name = "/hotloop-test-" + std::to_string(getpid()) + "-pidfdclosed";
-  int ready[2], go[2];
-  ASSERT_EQ(pipe(ready), 0);
-  ASSERT_EQ(pipe(go), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    RingGeometry g;
-    g.capacity = 4096;
-    ShmRing w = ShmRing::create(g, name);
-    char c = 1;
-    if (write(ready[1], &c, 1) != 1) _exit(3);
-    if (read(go[0], &c, 1) != 1) _exit(3);
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    write_bytes(w, {7});
-    if (read(go[0], &c, 1) != 1) _exit(3);  // until the parent is done
-    _exit(0);
-  }
+  WriterChild writer(name, {[](ShmRing& w) {
+                                      sleep_ms(150);
+                                      write_bytes(w, {7});
+                                    }, [](ShmRing&) {}});
   auto open_fds = [] {
     int n = 0;
     if (DIR* d = opendir("/proc/self/fd")) {
@@ -400,22 +396,18 @@ TEST_F(ShmRingTest, NoDescriptorOutlivesALongWait) {
     }
     return n;
   };
-  char c = 0;
-  ASSERT_EQ(read(ready[0], &c, 1), 1);
   ShmRing r = ShmRing::attach(name, 0, 4096, 1);
   WaitPolicy park(0, 0, false);
   ShmRing::Message m;
   EXPECT_FALSE(r.read(m, 120'000'000, park));  // a timeout; also sets up this thread's park resources
   const int before = open_fds();
-  ASSERT_EQ(write(go[1], &c, 1), 1);
+  writer.next();
   ASSERT_TRUE(r.read(m, kLong, park));
   EXPECT_EQ(m.data[0], 7);
   EXPECT_EQ(open_fds(), before);
   EXPECT_FALSE(r.read(m, 120'000'000, park));
   EXPECT_EQ(open_fds(), before);
-  ASSERT_EQ(write(go[1], &c, 1), 1);
-  wait_child(pid);
-  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+  writer.next();
 }
 
 TEST_F(ShmRingTest, AnAbandonedRingDeliversWhatItHasThenRaisesDeadPeer) {
