@@ -227,8 +227,9 @@ class _AnswersOnly(WorkerGroupExecutor):
 
 @pytest.mark.parametrize("report", ["a moment later", "never"])
 def test_rank_0s_answers_ending_before_the_report_of_why_fail_with_that_report(report):
-    """A rank 0 cut off: its answers' connection and its liveness link time out on the same timers, in either
-    order; the error is the link's verdict (rank and node) when it comes within the grace, else names rank 0."""
+    """A rank 0 cut off: its answers' connection and its liveness link give its node up after the same peer
+    timeout, in either order; the error is the link's verdict (rank and node) when it comes within the grace,
+    else it names rank 0."""
     ex = _AnswersOnly()
     verdict = "rank 0 (node N): its node did not answer for 3 s; the engine cannot run more steps"
     timer = threading.Timer(0.1, ex._fail, [verdict])

@@ -123,8 +123,8 @@ def _answers_then_die(conn):
 
 
 def test_vllm_ray_executor_answers_lost_before_the_link_still_fail_with_the_links_verdict():
-    """A rank cut off: its answers' connection and its liveness link time out on the same timers, in either order.
-    When the answers' connection goes first, the engine core's read waits for the link's verdict (REPORT_GRACE_S)
+    """A rank cut off: its answers' connection and its liveness link give it up after the same timeout, in either
+    order. When the answers' connection goes first, the engine core's read waits for the link's verdict (REPORT_GRACE_S)
     and raises it, naming the rank and node, not the queue's own "lost the connection"."""
     import multiprocessing
     import types

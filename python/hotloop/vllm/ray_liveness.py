@@ -15,9 +15,10 @@ Contract:
   Ray node id and address and what happened; marks the executor failed; ends the engine core's wait on every
   response queue with DeadPeerError carrying that text (``MessageQueue.fail``); kills every rank's actor; and
   calls vLLM's failure callback, so every request ends with vLLM's ``EngineDeadError``. vLLM's own shutdown
-  then runs as after any failure. A rank's answers' own connection times out on the same timers as its link, in
-  either order: the executor's readers of the answers wait up to REPORT_GRACE_S (hotloop's executors' grace,
-  ``worker_group.py``) for the link's verdict before they raise their own (``report_grace_s``).
+  then runs as after any failure. A rank's answers' own connection gives a cut-off node up after the same peer
+  timeout as its link, in either order: the executor's readers of the answers wait up to REPORT_GRACE_S
+  (hotloop's executors' grace, ``worker_group.py``) for the link's verdict before they raise their own
+  (``report_grace_s``).
 - A rank whose link to the executor ends (the executor's node is cut off, its process died, or it shut down)
   ends its own process at once, wherever its threads are blocked: nothing of the engine is left on a node the
   executor cannot reach.

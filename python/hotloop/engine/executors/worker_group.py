@@ -30,9 +30,10 @@ from hotloop.errors import ExecutorError
 STEP_CHUNK_BYTES = 1 << 20  # one record holds a step's scheduler output (larger ones are split)
 SUBMIT_TIMEOUT_S = 60  # a full broadcast ring for this long means a worker stopped reading
 # After rank 0's answers ended: how long to wait for the report that says which rank and why. A process's death
-# is reported within milliseconds (a sentinel; Ray: 20 ms after a SIGKILL); a node cut off within one keepalive
-# interval (1 s) of the answers' own connection, which times out on the same timers as rank 0's liveness link,
-# whose last probe may be up to an interval older or newer; 0.5 s more for a busy machine's scheduling.
+# is reported within milliseconds (a sentinel; Ray: 20 ms after a SIGKILL); a node cut off, within about a second
+# of the answers' own connection: both it and rank 0's liveness link give the node up after the peer timeout,
+# counted from their last acknowledged segment (a keepalive probe a second apart, a message, a ZMTP PING), in
+# either order; 0.5 s more for a busy machine's scheduling.
 REPORT_GRACE_S = 1.5
 
 
