@@ -1,5 +1,6 @@
 """The engine: scheduler lifecycle, identical outputs in every wait mode and executor (TP=1 and TP=2), inputs
-during a long step, bad requests, abort, and failures (worker SIGKILL, engine SIGKILL, parent death)."""
+during a long step, bad requests, abort, and failures (worker SIGKILL, engine SIGKILL, parent death, rank 0's
+answers ending before the report of why)."""
 
 import asyncio
 import os
@@ -18,9 +19,10 @@ from hotloop.engine import AddRequest, EngineCore, ExecutorError, RequestError  
 from hotloop.engine import tokenizer as tk  # noqa: E402
 from hotloop.engine.client import AsyncEngineClient, EngineClient, EngineDeadError  # noqa: E402
 from hotloop.engine.executors import Executor, executor_names, register_executor  # noqa: E402
+from hotloop.engine.executors.worker_group import REPORT_GRACE_S, STEP_CHUNK_BYTES, WorkerGroupExecutor  # noqa: E402
 from hotloop.engine.scheduler import Scheduler  # noqa: E402
 from conftest import wait_until  # noqa: E402
-from hotloop import Flag  # noqa: E402
+from hotloop import Flag, MessageQueue  # noqa: E402
 
 
 PROMPTS = [tk.encode(f"request {i}: " + "abc" * i) for i in range(6)]
@@ -202,6 +204,54 @@ def test_a_killed_worker_fails_every_request_within_a_second():
     assert all(r == "engine_dead" and "worker rank 1" in e and "signal 9" in e for r, e in failed.values())
     t.join(15)
     assert not t.is_alive()
+
+
+class _AnswersOnly(WorkerGroupExecutor):
+    """A group of one rank played by the test: it reads the broadcast and writes rank 0's answers over TCP, and
+    reports why they ended (``_fail``, as a supervisor or a liveness link does) when the test says."""
+
+    def __init__(self):
+        super().__init__(1, "cpu")
+        self.rank_bcast = MessageQueue.create_from_handle(self._bcast.export_handle(), 0)
+        self.answers = MessageQueue(1, 0, max_chunk_bytes=STEP_CHUNK_BYTES, connect_ip="127.0.0.1")
+        self._connect(self.answers.export_handle(), 30)
+        self.answers.wait_until_ready(30)
+
+    def _describe(self, rank):
+        return f"rank {rank} (node N)"
+
+    def _stop_workers(self):
+        self.rank_bcast.close()
+        self.answers.close()
+
+
+@pytest.mark.parametrize("report", ["a moment later", "never"])
+def test_rank_0s_answers_ending_before_the_report_of_why_fail_with_that_report(report):
+    """A rank 0 cut off: its answers' connection and its liveness link give its node up after the same peer
+    timeout, in either order; the error is the link's verdict (rank and node) when it comes within the grace,
+    else it names rank 0."""
+    ex = _AnswersOnly()
+    verdict = "rank 0 (node N): its node did not answer for 3 s; the engine cannot run more steps"
+    timer = threading.Timer(0.1, ex._fail, [verdict])
+    try:
+        ex.answers.shutdown()  # the answers end as a lost connection ends them: the reader raises on its next read
+        wait_until(ex._response.readable, what="the end of rank 0's answers seen")
+        if report != "never":
+            timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(ExecutorError) as e:
+            ex.poll()
+        waited = time.monotonic() - t0
+        if report != "never":
+            assert str(e.value) == verdict and waited < REPORT_GRACE_S
+        else:
+            assert str(e.value).startswith("rank 0 (node N): its answers stopped: queue "), str(e.value)
+            assert waited >= REPORT_GRACE_S - 0.05
+    finally:
+        timer.cancel()
+        if timer.ident is not None:
+            timer.join()
+        ex.shutdown()
 
 
 class _EosExecutor(Executor):

@@ -1,7 +1,10 @@
 """The liveness link (hotloop.engine.executors.liveness), on loopback: a stranger that connects to a rank's
 liveness port without the token is dropped within HANDSHAKE_TIMEOUT_S and does not keep the engine out; the
-engine's link is then held; a link the engine closes is reported to the rank as closed (why None)."""
+engine's link is then held; a link the engine closes is reported to the rank as closed (why None); vLLM's Ray
+executor's verdict on a lost rank, and that verdict winning over the rank's answers' own lost connection."""
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -105,3 +108,67 @@ def test_vllm_ray_executor_lost_rank_fails_the_engine_wait_once_and_kills_the_ac
     late._lost(0, "late")  # a link that ends during vLLM's own shutdown is not a failure
     assert not late.executor.is_failed
     writer.close()
+
+
+def _answers_then_die(conn):
+    """A rank's answers' writer on TCP (hotloop.vllm's queue) whose process dies: its reader's connection is lost."""
+    from hotloop.vllm.message_queue import MessageQueue
+
+    writer = MessageQueue(1, 0, connect_ip="127.0.0.1")
+    conn.send(writer.export_handle())
+    writer.wait_until_ready(10)
+    writer.enqueue("last answer")
+    conn.recv()  # the reader has it
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_vllm_ray_executor_answers_lost_before_the_link_still_fail_with_the_links_verdict():
+    """A rank cut off: its answers' connection and its liveness link give it up after the same timeout, in either
+    order. When the answers' connection goes first, the engine core's read waits for the link's verdict (REPORT_GRACE_S)
+    and raises it, naming the rank and node, not the queue's own "lost the connection"."""
+    import multiprocessing
+    import types
+
+    import pytest
+
+    pytest.importorskip("ray")
+    import ray
+
+    from hotloop._core import DeadPeerError
+    from hotloop.engine.executors.worker_group import REPORT_GRACE_S
+    from hotloop.vllm import ray_liveness
+    from hotloop.vllm.message_queue import MessageQueue
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_answers_then_die, args=(child,))
+    proc.start()
+    reader = MessageQueue.create_from_handle(parent.recv(), 0)
+    executor = types.SimpleNamespace(shutting_down=False, is_failed=False, response_mqs=[reader],
+                                     ray_worker_handles=[], failure_callback=None)
+    links = ray_liveness._Links()
+    links.where[0] = "Ray node abc at 10.0.0.2"
+    links.start(executor)  # no link of its own here: the test gives the verdict
+    assert reader.report_grace_s == REPORT_GRACE_S
+    verdict = threading.Timer(0.2, links._lost, [0, "its node did not answer for 3 s"])
+    real_kill, ray.kill = ray.kill, lambda actor: None
+    try:
+        assert reader.dequeue(timeout=10) == "last answer"
+        parent.send("die")
+        proc.join(10)
+        verdict.start()
+        t0 = time.monotonic()
+        with pytest.raises(DeadPeerError, match=r"^rank 0 \(Ray node abc at 10.0.0.2\): its node did not answer"):
+            reader.dequeue(timeout=10)
+        assert time.monotonic() - t0 < REPORT_GRACE_S
+    finally:
+        verdict.cancel()
+        if verdict.ident is not None:
+            verdict.join()
+        ray.kill = real_kill
+        links.close()
+        reader.close()
+        proc.join(10)
+        proc.close()
+        parent.close()
+        child.close()

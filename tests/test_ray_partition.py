@@ -1,15 +1,21 @@
 """executor="ray" with a rank's node cut off mid-step (a partition: no process dies, no FIN or RST).
 
-Ray's head and a second Ray node (``ray start``) each run in a network namespace of their own
-(hotloop.testing.netns.Nodes), joined by a veth link; the engine runs on the head's node (this file run as a
-script, ``--driver``), rank 0 there with it, rank 1 on the second node (STRICT_SPREAD). Once the first tokens are
-out the test drops every packet of the second node (an nftables drop-all).
+Ray's head and two more Ray nodes (``ray start``) each run in a network namespace of their own
+(hotloop.testing.netns.Nodes: "head", "far" and "far2", each joined to the head by a veth link, the head
+forwarding between the other two); the engine runs on the head's node (this file run as a script, ``--driver``).
+One cluster serves every case. Once the first tokens are out the test drops every packet of one rank's node (an
+nftables drop-all). The cases (CASES):
 
-Checked: every request ends with ``engine_dead`` and an error naming rank 1 and its node within BOUND_S of the cut
-(hotloop's peer timeout, HOTLOOP_PEER_TIMEOUT_S, default 3 s; Ray's own verdict takes ~15 s), the engine's
-shutdown returns within SHUTDOWN_S, and afterwards neither rank's process, nor a /dev/shm segment of the engine
-or its ranks, nor a descriptor the engine opened is left. ``HOTLOOP_RAY_PARTITIONS=N`` repeats the cut on N
-engines in turn (the link healed between them) and prints the p50 / p99 / max of the time to the error.
+- rank 1's node: rank 0 on the driver's node with it, rank 1 on another node (STRICT_SPREAD), whose node is cut;
+- rank 0's node: the driver's node holds no rank (each rank asks for a resource only "far" and "far2" have), one
+  rank on each of them (STRICT_SPREAD): rank 0's node is cut (the torch.distributed rendezvous, the writer of the
+  answers the engine reads over TCP), rank 1's node stays reachable with rank 1 in a collective with rank 0.
+
+Checked in each: every request ends with ``engine_dead`` and an error naming the cut rank and its node within
+BOUND_S of the cut (hotloop's peer timeout, HOTLOOP_PEER_TIMEOUT_S, default 3 s; Ray's own verdict takes ~15 s),
+the engine's shutdown returns within SHUTDOWN_S, and afterwards neither rank's process, nor a /dev/shm segment of
+the engine or its ranks, nor a descriptor the engine opened is left. ``HOTLOOP_RAY_PARTITIONS=N`` repeats each
+cut on N engines in turn (the link healed between them) and prints the p50 / p99 / max of the time to the error.
 """
 
 import json
@@ -28,6 +34,11 @@ from hotloop.testing.ray_cluster import RayCluster
 BOUND_S = 5.0  # from the cut to every request's error
 SHUTDOWN_S = 3.0  # from the error to the engine's shutdown returned
 PARTITIONS = int(os.environ.get("HOTLOOP_RAY_PARTITIONS", "1"))
+REMOTE_SLOT = "hotloop_test_remote"  # a resource of the nodes other than the driver's: a rank asking for it is remote
+# case: (executor options, the rank whose node is cut)
+CASES = {"rank 1's node": ({"placement_strategy": "STRICT_SPREAD"}, 1),
+         "rank 0's node": ({"placement_strategy": "STRICT_SPREAD", "resources_per_rank": {"CPU": 1, REMOTE_SLOT: 1}},
+                           0)}
 
 
 pytestmark = pytest.mark.skipif(ray_cluster.unavailable() is not None,
@@ -64,7 +75,7 @@ def _tcp_ports(fd: str) -> tuple[int, int] | None:
 def _left_open(before: set, hotloop_ports: set) -> dict:
     """Descriptors opened since `before` and still open, but for Ray's own TCP connections (its client pools keep
     connections to the ranks' workers and raylets, not the engine's to close): any other kind, or a TCP socket on
-    one of `hotloop_ports` (the broadcast queue's and the liveness links'). A socket in no TCP table (a connection
+    one of `hotloop_ports` (the queues' and the liveness links'). A socket in no TCP table (a connection
     torn down, its descriptor not yet closed) counts as left."""
     left = {}
     for fd in set(os.listdir("/proc/self/fd")) - before:
@@ -77,18 +88,20 @@ def _left_open(before: set, hotloop_ports: set) -> dict:
     return left
 
 
-def _partition_round():
-    """One engine: two long requests; the test cuts rank 1's node after the first tokens."""
+def _partition_round(options: dict):
+    """One engine with executor `options`: two long requests; the test cuts a rank's node after the first tokens
+    (it learns the ranks' node addresses from the line that says tokens came)."""
     import threading
 
     from hotloop.engine import AddRequest, EngineCore
 
     fds = set(os.listdir("/proc/self/fd"))
     core = EngineCore("tiny", executor="ray", tp=2, step_delay_s=0.2, max_tokens_per_step=24,
-                      executor_options={"placement_strategy": "STRICT_SPREAD", "start_timeout": 120})
+                      executor_options={**options, "start_timeout": 120})
     ex = core.executor
     pids, nodes = ex.pids, [node for node, _ in ex.nodes]
-    ports = {int(ex._bcast.export_handle().remote_address.rsplit(":", 1)[1])}
+    ports = {int(h.remote_address.rsplit(":", 1)[1]) for h in (ex._bcast.export_handle(), ex._response.export_handle())
+             if h.remote_address}  # the broadcast's, and rank 0's answers' when it is on another node
     ports |= {sock.getsockname()[1] for sock in ex._links.links.values()}
     failure = []
 
@@ -104,7 +117,7 @@ def _partition_round():
     for i in range(2):
         core.input_queue.put(AddRequest(f"long{i}", [1, 2, 3], 500))
     core.output_queue.get(timeout=120)
-    _say(tokens=True)
+    _say(tokens=True, addresses=[ip for _, ip in ex.nodes])
     ended = {}
     while len(ended) < 2:
         for o in core.output_queue.get(timeout=60):
@@ -131,14 +144,14 @@ def _drive(address: str):
 
     ray.init(address=address)
     deadline = time.monotonic() + 120
-    while len([n for n in ray.nodes() if n["Alive"]]) < 2:
-        assert time.monotonic() < deadline, "the second Ray node did not join"
+    while len([n for n in ray.nodes() if n["Alive"]]) < 3:
+        assert time.monotonic() < deadline, "the other Ray nodes did not join"
         time.sleep(0.2)
     _say(ready=True)
     for line in sys.stdin:
-        if line.strip() != "go":
+        if not line.strip():
             break
-        _partition_round()
+        _partition_round(json.loads(line))
     ray.shutdown()
 
 
@@ -160,50 +173,66 @@ def _stop(driver) -> None:
         pass
 
 
-def test_a_partitioned_rank_node_fails_every_request_within_the_bound_and_leaves_nothing(tmp_path):
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Three Ray nodes and the driver on the head's: (nodes, driver, the cluster's log)."""
     from conftest import require_torch
 
     require_torch()
-    with Nodes(["head", "far"]) as nodes, open(tmp_path / "ray.log", "w") as log, RayCluster(nodes, log) as cluster:
+    log_path = tmp_path_factory.mktemp("ray") / "ray.log"
+    with Nodes(["head", "far", "far2"]) as nodes, open(log_path, "w") as log, \
+            RayCluster(nodes, log, resources={"far": {REMOTE_SLOT: 1}, "far2": {REMOTE_SLOT: 1}}) as cluster:
         driver = nodes.popen("head", [sys.executable, os.path.abspath(__file__), "--driver", cluster.address],
                              env=cluster.driver_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                              text=True)
         t0 = time.monotonic()
         try:
-            assert _line(driver, 180).get("ready"), f"the Ray nodes did not start; see {tmp_path}/ray.log"
-            print(f"two Ray nodes up after {time.monotonic() - t0:.1f} s")
-            errors_after, shutdowns = [], []
-            for i in range(PARTITIONS):
-                driver.stdin.write("go\n")
-                driver.stdin.flush()
-                started = _line(driver, 180)
-                assert started.get("tokens"), started
-                print(f"engine {i} serving after {time.monotonic() - t0:.1f} s")
-                t_cut = time.monotonic()
-                nodes.cut("far")
-                got = _line(driver, 120)
-                nodes.heal("far")
-                assert "ended" in got, f"the driver ended: {got}"
-                far_node = got["nodes"][1]
-                for reason, error, _ in got["ended"].values():
-                    assert reason == "engine_dead" and error.startswith("rank 1 (") and far_node in error, error
-                    assert "did not answer" in error, error
-                assert got["failure"] and got["failure"][0].startswith("ExecutorError: rank 1 (")
-                errors_after.append(max(t for _, _, t in got["ended"].values()) - t_cut)
-                shutdowns.append(got["loop_ended"] - max(t for _, _, t in got["ended"].values()))
-                print(f"partition {i}: requests failed {errors_after[-1]:.2f} s after the cut, shutdown "
-                      f"{shutdowns[-1]:.2f} s")
-                assert errors_after[-1] <= BOUND_S, f"the requests failed {errors_after[-1]:.2f} s after the cut"
-                assert shutdowns[-1] <= SHUTDOWN_S, f"shutdown took {shutdowns[-1]:.2f} s"
-                assert got["processes"] == [] and got["segments"] == [], got
-                assert got["fds"] == {}, f"the engine left descriptors open: {got['fds']}"
-            errors_after.sort()
-            print(f"{PARTITIONS} partition(s): error after the cut p50 {errors_after[len(errors_after) // 2]:.2f} s, "
-                  f"p99 {errors_after[min(len(errors_after) - 1, round(0.99 * len(errors_after)))]:.2f} s, max "
-                  f"{errors_after[-1]:.2f} s; shutdown max {max(shutdowns):.2f} s")
+            assert _line(driver, 180).get("ready"), f"the Ray nodes did not start; see {log_path}"
+            print(f"three Ray nodes up after {time.monotonic() - t0:.1f} s")
+            yield nodes, driver, log_path
         finally:
             _stop(driver)
             driver.stdout.close()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_partitioned_rank_node_fails_every_request_within_the_bound_and_leaves_nothing(cluster, case):
+    nodes, driver, log_path = cluster
+    options, cut_rank = CASES[case]
+    name_of = {addr: name for name, addr in nodes.addr.items()}
+    errors_after, shutdowns = [], []
+    for i in range(PARTITIONS):
+        t0 = time.monotonic()
+        driver.stdin.write(json.dumps(options) + "\n")
+        driver.stdin.flush()
+        started = _line(driver, 180)
+        assert started.get("tokens"), f"{started}; see {log_path}"
+        where = [name_of[ip] for ip in started["addresses"]]
+        # rank 0 with the driver, or no rank there; never both ranks on one node
+        assert [w == "head" for w in where] == [cut_rank == 1, False] and len(set(where)) == 2, where
+        print(f"{case}, engine {i} serving after {time.monotonic() - t0:.1f} s, ranks on {where}")
+        t_cut = time.monotonic()
+        nodes.cut(where[cut_rank])
+        got = _line(driver, 120)
+        nodes.heal(where[cut_rank])
+        assert "ended" in got, f"the driver ended: {got}; see {log_path}"
+        cut_node = got["nodes"][cut_rank]
+        for reason, error, _ in got["ended"].values():
+            assert reason == "engine_dead" and error.startswith(f"rank {cut_rank} (") and cut_node in error, error
+            assert "did not answer" in error, error
+        assert got["failure"] and got["failure"][0].startswith(f"ExecutorError: rank {cut_rank} ("), got["failure"]
+        errors_after.append(max(t for _, _, t in got["ended"].values()) - t_cut)
+        shutdowns.append(got["loop_ended"] - max(t for _, _, t in got["ended"].values()))
+        print(f"{case}, partition {i}: requests failed {errors_after[-1]:.2f} s after the cut, shutdown "
+              f"{shutdowns[-1]:.2f} s")
+        assert errors_after[-1] <= BOUND_S, f"the requests failed {errors_after[-1]:.2f} s after the cut"
+        assert shutdowns[-1] <= SHUTDOWN_S, f"shutdown took {shutdowns[-1]:.2f} s"
+        assert got["processes"] == [] and got["segments"] == [], got
+        assert got["fds"] == {}, f"the engine left descriptors open: {got['fds']}"
+    errors_after.sort()
+    print(f"{case}, {PARTITIONS} partition(s): error after the cut p50 {errors_after[len(errors_after) // 2]:.2f} s, "
+          f"p99 {errors_after[min(len(errors_after) - 1, round(0.99 * len(errors_after)))]:.2f} s, max "
+          f"{errors_after[-1]:.2f} s; shutdown max {max(shutdowns):.2f} s")
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--driver"]:

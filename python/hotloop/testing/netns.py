@@ -6,7 +6,8 @@
   ``start(argv, **popen_kwargs)`` starts ``argv`` under ``unshare --net``; the child calls ``loopback_up()``
   first (the new namespace's ``lo`` is down), before it opens any socket.
 - :class:`Nodes`: named network namespaces ("nodes"), each joined to the first by its own veth pair with an
-  address in 10.<n>.0.0/24, so the only traffic between them crosses links the test owns. ``cut(node)`` drops
+  address in 10.<n>.0.0/24, so the only traffic between them crosses links the test owns (the first node
+  forwards between the others). ``cut(node)`` drops
   every packet in and out of a node (an nftables drop-all table: a partition, no process is told),
   ``lose(node, percent)`` drops that share of them at random, ``heal(node)`` removes either;
   ``popen(node, argv)`` starts a process on a node (``HOTLOOP_NODE_ID`` set to its name); a process started
@@ -125,6 +126,9 @@ class Nodes:
                 self.addr[name] = f"10.{subnet}.{i}.2"
             # the hub's address on the first link (a node on another link reaches it through its default route)
             self.addr[hub_name] = f"10.{subnet}.1.1" if len(names) > 1 else "127.0.0.1"
+            if len(names) > 2:  # the other nodes reach each other through the hub
+                subprocess.run(["ip", "netns", "exec", hub, "sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True,
+                               capture_output=True)
         except BaseException:
             self.close()
             raise

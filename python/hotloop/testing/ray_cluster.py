@@ -3,10 +3,12 @@
 
 Contract:
 
-- ``RayCluster(nodes, log, gpus=0, cpus=2, env=None, node_env=None)`` starts the head (port ``PORT`` on the first
-  node's address) and every other node's daemon, each with ``--num-cpus`` and ``--num-gpus`` (``gpus``: Ray's
-  "GPU" resource; nothing checks that a device exists: the simulated device declares itself so), Ray's dashboard,
-  log monitor and usage stats off, their output to ``log``. Every daemon runs with ``env`` (default
+- ``RayCluster(nodes, log, gpus=0, cpus=2, env=None, node_env=None, resources=None)`` starts the head (port
+  ``PORT`` on the first node's address) and every other node's daemon, each with ``--num-cpus`` and
+  ``--num-gpus`` (``gpus``: Ray's "GPU" resource, the same on every node or ``{node: count}``, 0 where a node is
+  not named; nothing checks that a device exists: the simulated device declares itself so) and the custom
+  resources ``resources[name]`` (``--resources``: a node a placement can ask for, or keep a rank off), Ray's
+  dashboard, log monitor and usage stats off, their output to ``log``. Every daemon runs with ``env`` (default
   ``os.environ``), ``GLOO_SOCKET_IFNAME`` set to the interface holding its node's address (torch.distributed's
   gloo binds it), ``HOTLOOP_NODE_ID`` set to its node's name (``Nodes.popen``) and ``node_env[name]`` on top. Ray's
   workers inherit their daemon's environment.
@@ -21,6 +23,7 @@ Contract:
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -47,8 +50,8 @@ def interface(nodes: Nodes, node: str) -> str:
 
 
 class RayCluster:
-    def __init__(self, nodes: Nodes, log, gpus: int = 0, cpus: int = 2, env: dict | None = None,
-                 node_env: dict[str, dict] | None = None):
+    def __init__(self, nodes: Nodes, log, gpus: int | dict[str, int] = 0, cpus: int = 2, env: dict | None = None,
+                 node_env: dict[str, dict] | None = None, resources: dict[str, dict] | None = None):
         self.nodes = nodes
         self.names = list(nodes.ns)
         self.head = self.names[0]
@@ -58,14 +61,15 @@ class RayCluster:
         self._node_env = node_env or {}
         self.temp = tempfile.mkdtemp(prefix="hlray")
         start = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", f"--num-cpus={cpus}",
-                 f"--num-gpus={gpus}", "--object-store-memory=80000000", "--disable-usage-stats",
-                 "--include-log-monitor=false"]
+                 "--object-store-memory=80000000", "--disable-usage-stats", "--include-log-monitor=false"]
         try:
             for name in self.names:
                 where = (["--head", f"--port={PORT}", "--include-dashboard=false"] if name == self.head
                          else [f"--address={self.address}"])
-                nodes.popen(name, [*start, *where, f"--node-ip-address={nodes.addr[name]}",
-                                   f"--temp-dir={self.temp}/{name}"],
+                devices = gpus.get(name, 0) if isinstance(gpus, dict) else gpus
+                own = [f"--resources={json.dumps(resources[name])}"] if resources and name in resources else []
+                nodes.popen(name, [*start, *where, f"--num-gpus={devices}", *own,
+                                   f"--node-ip-address={nodes.addr[name]}", f"--temp-dir={self.temp}/{name}"],
                             env=self.node_env(name), stdout=log, stderr=log)
         except BaseException:
             self.close()

@@ -20,7 +20,9 @@ Contract:
   with ClosedError, a RuntimeError as vLLM's "cancelled" is; ``fail(reason)`` does the same with
   DeadPeerError(reason) (a peer known lost: ``ray_liveness.py``); a dead writer raises DeadPeerError (a RuntimeError)
   in its readers once they read what it sent, and a dead reader raises DeadPeerError in the writer's next enqueue
-  (where vLLM's own queue would wait until its timeout).
+  (where vLLM's own queue would wait until its timeout). A reader whose ``report_grace_s`` is set (0 by default;
+  ``ray_liveness.py`` sets it on the executor's readers of the ranks' answers) waits that long, once its writer's
+  connection is lost, for a ``fail(reason)`` that names the peer, and raises with that reason when it comes.
 - ``dequeue(timeout=None)`` without ``indefinite`` logs vLLM's "No available shared memory broadcast block"
   line every ``VLLM_RINGBUFFER_WARNING_INTERVAL`` seconds of waiting, as vLLM's queue does; the wait itself is
   hotloop's (spin, yield, park, GIL released): an idle reader costs no CPU. A shared-memory reader's wait is chosen
@@ -42,6 +44,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import threading
 
 from hotloop.queue import message_queue as _hl
 from hotloop._core import BadHandleError, ClosedError, DeadPeerError, WaitPolicy
@@ -174,6 +177,8 @@ class MessageQueue(_hl.MessageQueue):
         self.shutting_down = False
         self.tensor_arena = None
         self._failure: str | None = None
+        self._failed = threading.Event()
+        self.report_grace_s = 0.0
 
     def _use_policy(self, policy: WaitPolicy) -> None:
         self._policy = policy  # the policy the next ring read waits with (step_wait.py)
@@ -231,6 +236,7 @@ class MessageQueue(_hl.MessageQueue):
         """Reader: end this reader's waits, running or later, with DeadPeerError(`reason`) (from any thread): what
         the engine is told when a peer it waits for is known lost (``ray_liveness.py``)."""
         self._failure = reason
+        self._failed.set()
         self.shutdown()
 
     def dequeue(self, timeout: float | None = None, indefinite: bool = False):
@@ -243,6 +249,10 @@ class MessageQueue(_hl.MessageQueue):
             return self._dequeue(timeout, indefinite)
         except ClosedError:
             if self._failure is not None:
+                raise DeadPeerError(self._failure) from None
+            raise
+        except DeadPeerError:  # the writer's connection was lost: a verdict naming the peer may be a moment behind
+            if self.report_grace_s and self._failed.wait(self.report_grace_s):
                 raise DeadPeerError(self._failure) from None
             raise
 

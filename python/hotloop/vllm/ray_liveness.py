@@ -15,7 +15,10 @@ Contract:
   Ray node id and address and what happened; marks the executor failed; ends the engine core's wait on every
   response queue with DeadPeerError carrying that text (``MessageQueue.fail``); kills every rank's actor; and
   calls vLLM's failure callback, so every request ends with vLLM's ``EngineDeadError``. vLLM's own shutdown
-  then runs as after any failure.
+  then runs as after any failure. A rank's answers' own connection gives a cut-off node up after the same peer
+  timeout as its link, in either order: the executor's readers of the answers wait up to REPORT_GRACE_S
+  (hotloop's executors' grace, ``worker_group.py``) for the link's verdict before they raise their own
+  (``report_grace_s``).
 - A rank whose link to the executor ends (the executor's node is cut off, its process died, or it shut down)
   ends its own process at once, wherever its threads are blocked: nothing of the engine is left on a node the
   executor cannot reach.
@@ -88,7 +91,12 @@ class _Links:
         self.where[handle.rank] = f"Ray node {handle.node_id} at {ip}"
 
     def start(self, executor) -> None:
+        from hotloop.engine.executors.worker_group import REPORT_GRACE_S
+
         self.executor = executor
+        for mq in getattr(executor, "response_mqs", []):
+            if hasattr(mq, "report_grace_s"):  # hotloop's queue (vLLM's own has no such wait)
+                mq.report_grace_s = REPORT_GRACE_S
         self.watcher.start()
         from hotloop.queue.remote import peer_timeout_s
 

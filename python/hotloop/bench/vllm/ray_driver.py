@@ -1,6 +1,6 @@
 """vLLM's AsyncLLM on vLLM's own Ray executor (``--distributed-executor-backend ray``: RayExecutorV2) on a Ray
 cluster of simulated nodes (hotloop.testing.ray_cluster), its model on the simulated device; run on the head's
-node by ``hotloop.bench.vllm_ray`` (tests/test_vllm_ray.py, ``hotloop bench vllm-ray``).
+node by ``hotloop.bench.vllm.ray_executor`` (tests/test_vllm_ray.py, ``hotloop bench vllm-ray``).
 
 Protocol: JSON lines on the stdout it was started with (vLLM's and Ray's own output goes to stderr); commands on
 stdin, one JSON object a line:
@@ -13,7 +13,7 @@ stdin, one JSON object a line:
   then, after the test cut a node, ``{"ended": [[exception type, message, t] per request]}`` (t: CLOCK_MONOTONIC);
 - ``{"cmd": "shutdown"}`` -> ``{"shutdown_s": seconds}`` after ``engine.shutdown()`` returned; the driver exits.
 
-Usage: python -m hotloop.bench.vllm_ray_driver MODEL TP NODES
+Usage: python -m hotloop.bench.vllm.ray_driver MODEL TP NODES
 """
 
 import asyncio

@@ -4,23 +4,29 @@ devices to Ray: ``hotloop.vllm.sim_platform``).
 
 Contract:
 
-- ``Deployment(tp, queue, log_dir)`` makes two nodes ("head", "far": network namespaces joined by a veth link,
-  ``hotloop.testing.netns``), a Ray cluster on them with ``tp // 2`` devices a node (``ray_cluster``), and starts
-  ``vllm_ray_driver`` on the head's node: an AsyncLLM whose engine core is the executor, rank 0 (and rank 1 at
-  TP=4) on the head's node, the other half on the far node. ``queue`` is "hotloop" (``HOTLOOP_VLLM=1`` in every
-  process of both nodes) or "vllm". ``start()`` returns the driver's ready line (each rank's pid, node and queue
-  class); ``generate(n, tokens)`` greedy token ids; ``partition(n)`` starts n long requests, cuts the far node
-  once each streamed a token, and returns when every request ended (``{"cut_at", "ended": [[type, message,
+- ``Deployment(tp, queue, log_dir, env=None, placement="split")`` makes the nodes (network namespaces joined by
+  veth links, ``hotloop.testing.netns``), a Ray cluster on them (``ray_cluster``), and starts ``ray_driver``
+  on the head's node: an AsyncLLM whose engine core is the executor. ``placement`` (PLACEMENTS): "split", two
+  nodes ("head", "far") with ``tp // 2`` devices each: rank 0 (and rank 1 at TP=4) on the head's node with the
+  engine core, the other half on the far node; "driver-alone", three nodes, the head with no device and "far",
+  "far2" with ``tp // 2`` each: vLLM puts the driver's node's ranks first, then orders the other nodes by Ray
+  node id, so rank 0 is on "far" or "far2", never with the engine core. ``queue`` is "hotloop"
+  (``HOTLOOP_VLLM=1`` in every process of every node) or "vllm". ``start()`` returns the driver's ready line
+  (each rank's pid, node and queue class); ``generate(n, tokens)`` greedy token ids; ``partition(n, rank)``
+  starts n long requests, cuts the node of rank ``rank`` (default: the last rank, never on the head's node) once
+  each streamed a token, and returns when every request ended (``{"cut_at", "node", "ended": [[type, message,
   t]]}``); ``shutdown()`` the seconds ``engine.shutdown()`` took; ``stranger()`` connects a plain (no CURVE)
   ZeroMQ SUB socket, from the head's node, to every queue port (hotloop's queues: the addresses they log; vLLM's:
   every port the engine's processes listen on) and returns how many messages it got while the engine served
-  requests, and how many refusals hotloop's writers logged meanwhile; ``logs()`` the driver's and every Ray worker's output;
-  ``left()`` what is left of the engine (rank processes alive, hotloop /dev/shm segments of its processes).
+  requests, and how many refusals hotloop's writers logged meanwhile; ``logs()`` the driver's and every Ray
+  worker's output; ``left()`` what is left of the engine (rank processes alive on any node, hotloop /dev/shm
+  segments of its processes).
   ``queue_addresses()`` the addresses hotloop's queues publish on (their writers log them).
   ``close()`` kills everything left in the nodes and removes them.
-- ``main()`` (``python -m hotloop.bench.vllm_ray``, ``hotloop bench vllm-ray``) prints the comparison: outputs per
-  queue at TP=2 (1 + 1) and TP=4 (2 + 2), the time from a cut to every request's error over ``--cuts`` cuts, and
-  the stranger's count.
+- ``main()`` (``python -m hotloop.bench.vllm.ray_executor``, ``hotloop bench vllm-ray``) prints the comparison:
+  outputs per queue at TP=2 (1 + 1) and TP=4 (2 + 2), the time from a cut to every request's error over ``--cuts``
+  cuts (on hotloop's queue: rank 1's node with rank 0 on the driver's, and rank 0's node with the driver alone on
+  its own), and the stranger's count.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from hotloop.testing.ray_cluster import RayCluster
 
 SIM_DEVICE = "1300+2"
 QUEUES = ("vllm", "hotloop")
+PLACEMENTS = ("split", "driver-alone")
 
 
 def _alive(pid: int) -> bool:
@@ -52,25 +59,29 @@ def _alive(pid: int) -> bool:
 
 
 class Deployment:
-    def __init__(self, tp: int, queue: str, log_dir: str, env: dict | None = None):
+    def __init__(self, tp: int, queue: str, log_dir: str, env: dict | None = None, placement: str = "split"):
         if tp not in (2, 4):
             raise ValueError(f"tp must be 2 (1 + 1) or 4 (2 + 2), got {tp}")
         if queue not in QUEUES:
             raise ValueError(f"queue must be one of {QUEUES}, got {queue!r}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         from hotloop.vllm import tiny_model
 
         self.tp, self.queue = tp, queue
         self.model = tiny_model.build(0, heads=4 if tp == 4 else 2)
         os.makedirs(log_dir, exist_ok=True)
-        self.log_path = os.path.join(log_dir, f"vllm-ray-tp{tp}-{queue}.log")
+        self.log_path = os.path.join(log_dir, f"vllm-ray-tp{tp}-{queue}-{placement}.log")
         self._log = open(self.log_path, "a")
         base = {**(env if env is not None else os.environ), "HOTLOOP_VLLM": "1" if queue == "hotloop" else "0",
                 "HOTLOOP_VLLM_SIM_DEVICE": SIM_DEVICE, "VLLM_CPU_KVCACHE_SPACE": "1",
                 "VLLM_CPU_OMP_THREADS_BIND": "nobind", "TOKENIZERS_PARALLELISM": "false",
                 "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-        self.nodes = Nodes(["head", "far"])
+        names = ["head", "far"] if placement == "split" else ["head", "far", "far2"]
+        self.nodes = Nodes(names)
+        devices = {name: tp // 2 for name in names if placement == "split" or name != "head"}
         try:
-            self.cluster = RayCluster(self.nodes, self._log, gpus=tp // 2, env=base)
+            self.cluster = RayCluster(self.nodes, self._log, gpus=devices, env=base)
         except BaseException:
             self.nodes.close()
             raise
@@ -83,7 +94,8 @@ class Deployment:
     def start(self, timeout: float = 300) -> dict:
         self._shm_before = set(os.listdir("/dev/shm"))
         self.driver = self.nodes.popen(
-            "head", [sys.executable, "-m", "hotloop.bench.vllm.ray_driver", self.model, str(self.tp), "2"],
+            "head", [sys.executable, "-m", "hotloop.bench.vllm.ray_driver", self.model, str(self.tp),
+                     str(len(self.nodes.ns))],
             env=self.cluster.driver_env("head"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
             text=True)
         self.ready = self._line(timeout)
@@ -106,21 +118,25 @@ class Deployment:
             raise RuntimeError(f"generate did not answer: {got}; see {self.log_path}")
         return got["outputs"]
 
-    def partition(self, n: int = 4, timeout: float = 180) -> dict:
-        """n long requests; the far node cut once each streamed a token; returns when all ended (healed then)."""
+    def partition(self, n: int = 4, rank: int | None = None, timeout: float = 180) -> dict:
+        """n long requests; the node of `rank` (default: the last rank's) cut once each streamed a token; returns
+        when all ended (healed then)."""
+        node = self.ready["workers"][self.tp - 1 if rank is None else rank]["node"]
+        if node == "head":
+            raise ValueError(f"rank {rank} is on the head's node, with the engine core: cut a rank on another node")
         self._send(cmd="partition", n=n)
         serving = self._line(120)
         if not serving.get("serving"):
             raise RuntimeError(f"the requests did not start: {serving}; see {self.log_path}")
         cut_at = time.monotonic()
-        self.nodes.cut("far")
+        self.nodes.cut(node)
         try:
             got = self._line(timeout)
         finally:
-            self.nodes.heal("far")
+            self.nodes.heal(node)
         if "ended" not in got:
             raise RuntimeError(f"the requests did not end within {timeout} s of the cut; see {self.log_path}")
-        return {"cut_at": cut_at, "ended": got["ended"]}
+        return {"cut_at": cut_at, "node": node, "ended": got["ended"]}
 
     def shutdown(self, timeout: float = 120) -> float | None:
         self._send(cmd="shutdown")
@@ -223,9 +239,22 @@ def error_after_cut(result: dict) -> float:
 # ---- the benchmark ----
 
 
-def _cut_rounds(tp: int, queue: str, cuts: int, log_dir: str, env: dict, fresh_each: bool) -> dict:
-    """`cuts` partitions of the far node, each on a new engine (and a new cluster when `fresh_each`: after a long
-    cut Ray has given the far node up for good)."""
+CUT_CASES = {  # data["cuts"] key: (queue, placement, the rank whose node is cut, what the table calls it)
+    "hotloop": ("hotloop", "split", 1, "rank 1's node, rank 0 with the driver"),
+    "hotloop-rank0": ("hotloop", "driver-alone", 0, "rank 0's node, the driver alone on its node"),
+    "vllm": ("vllm", "split", 1, "rank 1's node, rank 0 with the driver"),
+}
+
+
+def _named(logs: str, rank: int, addr: str) -> int:
+    """How many of hotloop's failure lines name `rank` and the node at `addr`."""
+    return sum(f"hotloop: rank {rank} (Ray node" in ln and f" at {addr})" in ln for ln in logs.splitlines())
+
+
+def _cut_rounds(case: str, cuts: int, log_dir: str, env: dict, fresh_each: bool) -> dict:
+    """`cuts` partitions of a rank's node (CUT_CASES[case]) at TP=2, each on a new engine (and a new cluster when
+    `fresh_each`: after a long cut Ray has given the node up for good)."""
+    queue, placement, rank, _ = CUT_CASES[case]
     after, kinds, named, left, shutdown = [], set(), [], [], []
     d = None
     try:
@@ -233,21 +262,61 @@ def _cut_rounds(tp: int, queue: str, cuts: int, log_dir: str, env: dict, fresh_e
             if d is None or fresh_each:
                 if d is not None:
                     d.close()
-                d = Deployment(tp, queue, log_dir, env)
-            d.start()
-            got = d.partition(4, timeout=400)
+                d = Deployment(2, queue, log_dir, env, placement)
+            ready = d.start()
+            addr = d.nodes.addr[ready["workers"][rank]["node"]]
+            before = _named(d.logs(), rank, addr)
+            got = d.partition(4, rank, timeout=400)
             after.append(error_after_cut(got))
             kinds |= {e[0] for e in got["ended"]}
-            logs = d.logs()
-            named.append(any("hotloop: rank 1 (Ray node" in ln for ln in logs.splitlines()))
+            named.append(_named(d.logs(), rank, addr) > before)
             shutdown.append(d.shutdown())
             left.append(d.left())
+            print(f"{case}, cut {i + 1}/{cuts}: every request ended {after[-1]:.2f} s after the cut "
+                  f"({', '.join(sorted({e[0] for e in got['ended']}))}), named {named[-1]}, left {left[-1]}",
+                  file=sys.stderr, flush=True)
     finally:
         if d is not None:
             d.close()
     return {"after_cut_s": after, "p50_s": percentile(after, 50), "p99_s": percentile(after, 99),
             "max_s": max(after), "errors": sorted(kinds), "named": all(named), "shutdown_s": shutdown,
             "left": left, "clean": all(x == {"alive": [], "segments": []} for x in left)}
+
+
+def _cut_table(cuts: dict) -> str:
+    rows = [[CUT_CASES[c][0], CUT_CASES[c][3], f"{r['p50_s']:.2f}", f"{r['p99_s']:.2f}", f"{r['max_s']:.2f}",
+             len(r["after_cut_s"]), ", ".join(r["errors"]), "yes" if r["named"] else "no",
+             "nothing" if r["clean"] else json.dumps(r["left"][-1])] for c, r in cuts.items()]
+    return table("A rank's node cut mid-request at TP=2 (one rank a node): seconds from the cut until every request "
+                 "failed", ["queue", "node cut", "p50 s", "p99 s", "max s", "cuts", "requests ended with",
+                        "rank and node named", "left after shutdown"], rows)
+
+
+def _cut_goals(cuts: dict) -> list[dict]:
+    hotloop = [r for c, r in cuts.items() if CUT_CASES[c][0] == "hotloop"]
+    p99 = max(r["p99_s"] for r in hotloop)
+    detail = "; ".join(f"{CUT_CASES[c][3]}: p99 {r['p99_s']:.2f} s over {len(r['after_cut_s'])} cuts"
+                       for c, r in cuts.items() if CUT_CASES[c][0] == "hotloop")
+    if "vllm" in cuts:
+        detail += f" (vLLM's own queue: {cuts['vllm']['p50_s']:.1f} s)"
+    return [{"goal": "a cut rank node fails every request within 5 s (p99), naming rank and node",
+             "met": p99 <= 5.0 and all(r["named"] and r["errors"] == ["EngineDeadError"] for r in hotloop),
+             "detail": detail},
+            {"goal": "nothing left on any node after shutdown or a failure", "met": all(r["clean"] for r in hotloop),
+             "detail": "nothing left" if all(r["clean"] for r in hotloop)
+             else json.dumps([r["left"] for r in hotloop])}]
+
+
+def run_cuts(cuts: int = 3, cases: tuple = ("hotloop", "hotloop-rank0"),
+             log_dir: str | None = None) -> tuple[dict, str]:
+    """Only the cuts of `cases` (CUT_CASES; default both on hotloop's queue):
+    ``python -m hotloop.bench.vllm.ray_executor --cuts-only [--case CASE ...]``."""
+    log_dir = log_dir or tempfile.mkdtemp(prefix="hotloop-vllm-ray-")
+    data: dict = {"log_dir": log_dir, "cuts": {}}
+    for case in cases:
+        data["cuts"][case] = _cut_rounds(case, cuts, log_dir, dict(os.environ), fresh_each=False)
+    data["goals"] = _cut_goals(data["cuts"])
+    return data, str(Report([_cut_table(data["cuts"])]))
 
 
 def run(quick: bool = True, cuts: int | None = None, vllm_cuts: int = 1, log_dir: str | None = None,
@@ -267,17 +336,13 @@ def run(quick: bool = True, cuts: int | None = None, vllm_cuts: int = 1, log_dir
                     data["stranger"][queue] = d.stranger()
                 d.shutdown()
         data["identical"][str(tp)] = outs["vllm"] == outs["hotloop"]
-    data["cuts"]["hotloop"] = _cut_rounds(2, "hotloop", cuts, log_dir, env, fresh_each=False)
+    for case in ("hotloop", "hotloop-rank0"):
+        data["cuts"][case] = _cut_rounds(case, cuts, log_dir, env, fresh_each=False)
     # vLLM's own: rank 0 waits in the simulated device's TP barrier for 10 min (as in NCCL's collective), so what
     # ends the requests is vLLM's own supervision (Ray's verdict on the far node)
-    data["cuts"]["vllm"] = _cut_rounds(2, "vllm", vllm_cuts, log_dir,
-                                       {**env, "HOTLOOP_VLLM_SIM_DEVICE_BARRIER_S": "600"}, fresh_each=True)
-    rows = [[q, f"{r['p50_s']:.2f}", f"{r['p99_s']:.2f}", f"{r['max_s']:.2f}",
-             len(r["after_cut_s"]), ", ".join(r["errors"]), "yes" if r["named"] else "no",
-             "nothing" if r["clean"] else json.dumps(r["left"][-1])] for q, r in data["cuts"].items()]
-    report.append(table("The far node cut mid-request at TP=2 (1 + 1): seconds from the cut until every request "
-                        "failed", ["queue", "p50 s", "p99 s", "max s", "cuts", "requests ended with",
-                                   "rank and node named", "left after shutdown"], rows))
+    data["cuts"]["vllm"] = _cut_rounds("vllm", vllm_cuts, log_dir, {**env, "HOTLOOP_VLLM_SIM_DEVICE_BARRIER_S": "600"},
+                                       fresh_each=True)
+    report.append(_cut_table(data["cuts"]))
     rows = [[q, len(r["targets"]), r["received"], r["refused"] if q == "hotloop" else "-"]
             for q, r in data["stranger"].items()]
     report.append(table("A plain ZeroMQ SUB socket (no keys) on every queue port while the engine serves",
@@ -286,18 +351,14 @@ def run(quick: bool = True, cuts: int | None = None, vllm_cuts: int = 1, log_dir
                   + ", ".join(f"TP={tp}: {'yes' if same else 'NO'}" for tp, same in data["identical"].items()))
     goals = [{"goal": f"greedy outputs identical at TP={tp} on two nodes", "met": same,
               "detail": "identical" if same else "differ"} for tp, same in data["identical"].items()]
-    h, v = data["cuts"]["hotloop"], data["cuts"]["vllm"]
-    goals.append({"goal": "a cut rank node fails every request within 5 s (p99), naming rank and node",
-                  "met": h["p99_s"] <= 5.0 and h["named"] and h["errors"] == ["EngineDeadError"],
-                  "detail": f"p99 {h['p99_s']:.2f} s over {len(h['after_cut_s'])} cuts (vLLM's own queue: "
-                            f"{v['p50_s']:.1f} s)"})
+    cut_goal, left_goal = _cut_goals(data["cuts"])
+    goals.append(cut_goal)
     goals.append({"goal": "a stranger on any queue port gets no message and is counted",
                   "met": data["stranger"]["hotloop"]["received"] == 0 and data["stranger"]["hotloop"]["refused"] > 0,
                   "detail": f"got {data['stranger']['hotloop']['received']}, refusals logged "
                             f"{data['stranger']['hotloop']['refused']} (vLLM's own queue: got "
                             f"{data['stranger']['vllm']['received']})"})
-    goals.append({"goal": "nothing left on either node after shutdown or a failure", "met": h["clean"],
-                  "detail": "nothing left" if h["clean"] else json.dumps(h["left"])})
+    goals.append(left_goal)
     if broadcast:
         from hotloop.bench.vllm import broadcast as vllm_broadcast
 
@@ -315,9 +376,14 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true", help="20 cuts on hotloop's queue (default 3)")
     ap.add_argument("--cuts", type=int)
     ap.add_argument("--vllm-cuts", type=int, default=1, help="cuts on vLLM's own queue (each about a minute)")
+    ap.add_argument("--cuts-only", action="store_true", help="only the cuts (--case; default both on hotloop's queue)")
+    ap.add_argument("--case", action="append", choices=[c for c in CUT_CASES if CUT_CASES[c][0] == "hotloop"])
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    data, text = run(not args.full, args.cuts, args.vllm_cuts)
+    if args.cuts_only:
+        data, text = run_cuts(args.cuts or (20 if args.full else 3), tuple(args.case or ("hotloop", "hotloop-rank0")))
+    else:
+        data, text = run(not args.full, args.cuts, args.vllm_cuts)
     return print_result("vllm-ray", data, text, args.json)
 
 

@@ -22,7 +22,9 @@ Contract:
 - Partitions: Ray learns of a node that stopped answering only from its health checks (~15 s by default), so each
   rank also holds a liveness link with the engine (liveness.py: one idle TCP connection, the kernel's keepalive
   timers set from ``HOTLOOP_PEER_TIMEOUT_S``, default 3 s). A link that times out fails the executor naming the
-  rank and its node (measured 2.3-3.1 s from the cut to every request's error); a rank whose link to the engine
+  rank and its node (measured 2.3-3.1 s from the cut to every request's error; when rank 0 is the one cut off,
+  its answers' connection may time out first, and the engine waits for the link's verdict: worker_group's
+  REPORT_GRACE_S); a rank whose link to the engine
   is lost ends its own process, wherever it is blocked (a gloo all-reduce with the lost peer would wait for
   gloo's timeout, 30 min by default). gloo's timeout is left alone: it also bounds waits for a rank that is only
   slow, and it would fail a collective, not name the rank that was cut off.
@@ -252,6 +254,9 @@ class RayExecutor(WorkerGroupExecutor):
         node, ip = self.nodes[rank]
         pid = f"pid {self.where[rank][0]}, " if self.where else ""
         return f"{pid}node {node} at {ip}"
+
+    def _describe(self, rank: int) -> str:
+        return f"rank {rank} ({self._rank_name(rank)})"
 
     def _supervise(self) -> None:
         """Block until a rank's ``run`` future resolves (or shutdown stops this): fail naming it."""

@@ -6,9 +6,12 @@ Contract: each step's scheduler output is broadcast to every rank through one ``
 readers below ``n_local_reader`` on this node read shared memory, the others read over the authenticated TCP
 path); rank 0 answers the sampled tokens on a response queue it writes and the engine reads (``_response``).
 The wait sources are that reader and the ``failed`` flag: a subclass that learns that a rank died (a process
-sentinel, an actor's death) calls ``_fail(why)``, and the next ``poll`` / ``wait`` raises ExecutorError with
-``why``, within milliseconds. ``shutdown()`` shuts the broadcast queue down (the workers' loops return), calls
-the subclass's ``_stop_workers()``, and closes both queues; it is idempotent.
+sentinel, an actor's death, a liveness link) calls ``_fail(why)``, and the next ``poll`` / ``wait`` raises
+ExecutorError with ``why``, within milliseconds. When rank 0's answers end before that report (the answers'
+connection and rank 0's watcher see the same death or partition, in either order), ``poll`` waits up to
+REPORT_GRACE_S for it, and without one names rank 0 as ``_describe(0)`` does (a subclass says where it runs).
+``shutdown()`` shuts the broadcast queue down (the workers' loops return), calls the subclass's
+``_stop_workers()``, and closes both queues; it is idempotent.
 
 A subclass starts its workers with the broadcast handle (``_bcast.export_handle()``), gets rank 0's response
 handle back, and calls ``_connect(response_handle, timeout)``; on a failed start it calls ``shutdown()``.
@@ -19,13 +22,19 @@ from __future__ import annotations
 import abc
 
 from hotloop import MessageQueue
-from hotloop._core import ClosedError, DeadPeerError, Flag
+from hotloop._core import ClosedError, DeadPeerError, Flag, wait_any
 from hotloop.engine.executors.base import Executor
 from hotloop.engine.scheduler import SchedulerOutput
 from hotloop.errors import ExecutorError
 
 STEP_CHUNK_BYTES = 1 << 20  # one record holds a step's scheduler output (larger ones are split)
 SUBMIT_TIMEOUT_S = 60  # a full broadcast ring for this long means a worker stopped reading
+# After rank 0's answers ended: how long to wait for the report that says which rank and why. A process's death
+# is reported within milliseconds (a sentinel; Ray: 20 ms after a SIGKILL); a node cut off, within about a second
+# of the answers' own connection: both it and rank 0's liveness link give the node up after the peer timeout,
+# counted from their last acknowledged segment (a keepalive probe a second apart, a message, a ZMTP PING), in
+# either order; 0.5 s more for a busy machine's scheduling.
+REPORT_GRACE_S = 1.5
 
 
 class WorkerGroupExecutor(Executor):
@@ -73,11 +82,16 @@ class WorkerGroupExecutor(Executor):
             self.in_flight = False
             try:
                 return self._response.dequeue(timeout=0) or []
-            except (DeadPeerError, ClosedError) as e:  # a remote rank 0's answers ended: it died or was cut off
-                self._check()  # the supervisor's report, naming the rank and node, when it has one
-                raise ExecutorError(f"rank 0's answers stopped: {e}") from e
+            except (DeadPeerError, ClosedError) as e:  # rank 0's answers ended: it died, raised or was cut off
+                wait_any([self.failed], timeout=REPORT_GRACE_S)  # the report naming the rank and why, if one comes
+                self._check()
+                raise ExecutorError(f"{self._describe(0)}: its answers stopped: {e}") from e
         self._check()
         return None
+
+    def _describe(self, rank: int) -> str:
+        """`rank` as errors name it (a subclass adds where it runs)."""
+        return f"rank {rank}"
 
     @abc.abstractmethod
     def _stop_workers(self) -> None:
