@@ -80,4 +80,6 @@ def test_a_stranger_gets_nothing_and_rank_0s_cut_node_fails_every_request_within
         said = f"rank process {ready['workers'][0]['pid']} lost its executor"
         wait_until(lambda: said in d.logs(), 10, f"rank 0's line {said!r}")
         assert d.shutdown() is not None
-        assert d.left() == {"alive": [], "segments": []}
+        # the ranks' processes get 30 s to end (rank 1, on a node still reachable, ends when Ray's kill reaches
+        # it): with 10 s this check failed once in 7 runs at load average ~25, what was left not recorded
+        assert d.left(within_s=30) == {"alive": [], "segments": []}
