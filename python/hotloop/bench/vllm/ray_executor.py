@@ -217,9 +217,13 @@ class Deployment:
         return {"alive": [p for p in pids if _alive(p)], "segments": sorted(segments)}
 
     def close(self) -> None:
-        if self.driver is not None and self.driver.poll() is None:
-            self.driver.kill()
-            self.driver.wait()
+        if self.driver is not None:
+            if self.driver.poll() is None:
+                self.driver.kill()
+                self.driver.wait()
+            for pipe in (self.driver.stdin, self.driver.stdout):
+                if pipe is not None:
+                    pipe.close()
         self.cluster.close()
         self.nodes.close()
         self._log.close()
