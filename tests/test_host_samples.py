@@ -313,7 +313,7 @@ def test_an_older_python_is_refused_with_what_to_do():
 def test_missing_py_spy_says_what_to_install(monkeypatch):
     monkeypatch.setattr(host_samples.shutil, "which", lambda *_a, **_k: None)
     with pytest.raises(SamplingError, match="pip install py-spy"):
-        host_samples.sample({"me": os.getpid()}, 1)
+        host_samples.sample({"me": os.getpid()}, 1, native=True)  # native: no Python version refused first
 
 
 def test_cli_rejects_a_bad_pid_argument(capsys):

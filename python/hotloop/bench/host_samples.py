@@ -268,14 +268,14 @@ class Sampler:
 
     def start(self) -> "Sampler":
         """Start py-spy on every process; returns once each has attached (raises SamplingError if one cannot)."""
-        exe = py_spy_path()
-        for name, pid in self.pids.items():
+        for name, pid in self.pids.items():  # refused before py-spy is looked for: the answer is the same either way
             version = python_version_of(pid)
             if not self.native and version is not None and version < (3, 11):
                 raise SamplingError(f"process {name!r} (pid {pid}) runs Python {version[0]}.{version[1]}: py-spy's "
                                     "--nonblocking mode gets a thread's OS id (which its CPU is read by) only from "
                                     "Python 3.11 on; sample a Python >= 3.11 process, or pass native=True (frames "
                                     "only: its CPU figures are too high)")
+        exe = py_spy_path()
         self._tmp = tempfile.mkdtemp(prefix="hotloop-samples-")
         for name, pid in self.pids.items():
             out = os.path.join(self._tmp, f"{pid}.txt")
