@@ -16,14 +16,14 @@ std::unique_ptr<ProcessExit> ProcessExit::open(int pid) noexcept {
   const long fd = ::syscall(SYS_pidfd_open, pid, 0);  // close-on-exec by default
   if (fd < 0) return nullptr;  // ENOSYS (old kernel, or a seccomp filter), ESRCH (no such process), EPERM
   try {
-    return std::unique_ptr<ProcessExit>(new ProcessExit(pid, int(fd)));
+    return std::unique_ptr<ProcessExit>(new ProcessExit(int(fd)));
   } catch (...) {  // fstat of a descriptor just opened does not fail; allocation might
     ::close(int(fd));
     return nullptr;
   }
 }
 
-ProcessExit::ProcessExit(int pid, int fd) : pid_(pid), fd_(fd), source_(fd) {}
+ProcessExit::ProcessExit(int fd) : fd_(fd), source_(fd) {}
 
 ProcessExit::~ProcessExit() { ::close(fd_); }
 

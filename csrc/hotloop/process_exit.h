@@ -22,15 +22,11 @@ class ProcessExit {
   ProcessExit(const ProcessExit&) = delete;
   ProcessExit& operator=(const ProcessExit&) = delete;
 
-  int pid() const noexcept { return pid_; }
   // Ready (readable) once the process has exited.
   Source& source() noexcept { return source_; }
-  // One look, no waiting.
-  bool exited() const noexcept { return source_.ready(); }
 
  private:
-  ProcessExit(int pid, int fd);
-  int pid_;
+  explicit ProcessExit(int fd);
   int fd_;
   FdSource source_;
 };
