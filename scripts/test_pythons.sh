@@ -49,6 +49,9 @@ if [ "$what" != test ] && [ "${HOTLOOP_WHEELS_BUILT:-0}" != 1 ]; then
     bash "$root/scripts/build_wheels.sh"
 fi
 
+# The 2-minute sustained-loss test is left to scripts/test.sh's run under 3.11: what it checks (ZeroMQ's heartbeats
+# on a lossy link, set up and read in C++) is the same on every Python, and it would add 2 minutes a Python to CI.
+loss_test="test_network_faults.py::test_sustained_2_percent_loss_keeps_idle_connections_and_a_partition_is_still_seen"
 # pytest and the torch-free tests' imports; pyzmq and msgspec come with the package itself
 test_deps=(pytest numpy hypothesis prometheus_client)
 # One Python at a time: a suite run beside the next Python's build (tried, when each Python compiled its own)
@@ -88,8 +91,8 @@ import os, sys, hotloop
 where = os.path.dirname(hotloop.__file__)
 sys.exit(0 if where.startswith(sys.prefix) else f"hotloop imported from {where}, not from the installed wheel")')
   "$venv/bin/hotloop" info | grep -E "^(hotloop|python|compiler|park_backend) "
-  (cd "$root/tests" && "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider --ignore=test_model_check.py "$@" \
-    "$root/tests") | tee "$root/build/pytest-py$v.log"
+  (cd "$root/tests" && "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider --ignore=test_model_check.py \
+    --deselect "tests/$loss_test" "$@" "$root/tests") | tee "$root/build/pytest-py$v.log"
   result=$(tail -n 1 "$root/build/pytest-py$v.log" | tr -d '=')
   took="tests $((SECONDS - built)) s"
   [ "$what" = test ] || took="install $((built - start)) s, $took"

@@ -2,6 +2,7 @@
 process or a descendant made it, or its maker died; a node relay ring, whose name carries its PID namespace and
 not a pid (hotloop/queue/relay.py), counts by the writer pid in its header."""
 
+import contextlib
 import os
 import struct
 import subprocess
@@ -13,14 +14,26 @@ from conftest import _LAYOUT_MAGIC, own_segments, segment_creator
 from hotloop.queue.relay import ring_name
 
 
+def _start_time(pid: int) -> int:
+    """Process `pid`'s start time as the ring's header records its writer's (shm_ring.cpp): 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return 0 if fields[0] in "ZX" else int(fields[19])
+
+
 @pytest.fixture
 def fake_node_ring():
-    """Makes /dev/shm files named as relay.ring_name names them, with a ring header whose writer is `pid`."""
+    """Makes /dev/shm files named as relay.ring_name names them, with a ring header whose writer is `pid` (and its
+    start time, as a live writer's ring has: the reaper of any other hotloop process on the machine, which runs
+    whenever one makes a queue, leaves the ring of a live writer alone; a dead writer's it may remove first)."""
     made = []
 
     def make(writer_pid: int) -> str:
         name = ring_name(f"leak-test-{uuid.uuid4().hex}", "node-a").lstrip("/")
-        header = struct.pack("<QIIQQIiQ", _LAYOUT_MAGIC, 3, 1, 4096, 1024, 0, writer_pid, 0)
+        header = struct.pack("<QIIQQIiQ", _LAYOUT_MAGIC, 3, 1, 4096, 1024, 0, writer_pid, _start_time(writer_pid))
         with open(f"/dev/shm/{name}", "wb") as f:
             f.write(header + bytes(256))
         made.append(name)
@@ -28,7 +41,8 @@ def fake_node_ring():
 
     yield make
     for name in made:
-        os.unlink(f"/dev/shm/{name}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{name}")
 
 
 def test_a_node_ring_of_a_live_process_outside_the_test_is_not_the_tests(fake_node_ring):

@@ -329,7 +329,10 @@ def test_a_woken_waiter_gets_the_gil_back_promptly_beside_a_busy_python_thread()
         t.join()
     assert sys.getswitchinterval() == before
     lag_ms = statistics.median(lags) / 1e6
-    assert lag_ms < 2.0, f"median set -> back in Python {lag_ms:.2f} ms: the waiter waited out the switch interval"
+    # Without the hand-over every lag is at least the 5 ms interval (the waiter asks for the GIL only after waiting
+    # it out); with it the median is ~0.2 ms on a quiet machine (hotloop bench wait (b)), and 2.02 ms was seen on
+    # Python 3.13 with both cores taken by other work: the bound sits between the two.
+    assert lag_ms < 3.5, f"median set -> back in Python {lag_ms:.2f} ms: the waiter waited out the switch interval"
 
 
 # ---- one park for doorbells and descriptors together (io_uring, futex_waitv helper) ------------------------------

@@ -265,10 +265,13 @@ uint64_t park_once(SourceSet& set, int64_t until, uint64_t* timer_wakeups) {
   // Re-check after announcing: a ring that came before the announcement is seen here.
   if (uint64_t mask = set.check_all()) return mask;
 
-  if (set.n_fds == 0) {
+  if (set.n_fds == 0 && set.n_bells > 0) {
     park_bells(set, seen, until);
     return set.check_bells();
   }
+  // Descriptors, or no source at all (a wait that is only a timeout): ppoll, over nothing in the latter case, so
+  // the sleep still ends at `until` or on a signal (there is no doorbell to sleep on, and futex_waitv refuses an
+  // empty list).
   for (int i = 0; i < set.n_fds; ++i) set.fds[i].revents = 0;
   bool timer = mixed && backend != ParkBackend::kSliced ? park_mixed(set, seen, until, backend)
                                                          : park_ppoll(set, guard.efd, until);
