@@ -80,9 +80,10 @@ bool unblocked_signal_pending(const sigset_t& mask) noexcept {
   return false;
 }
 
-// Starts this thread's helper and returns once it runs. Sets *interrupted when a signal reached the calling thread
-// meanwhile: its handler has then run (at the mask's restore, or during the wait for the helper), and the park
-// must not sleep as if it had not. nullptr (and *err) when the helper cannot be started.
+// Starts this thread's helper and returns once it runs. Sets *interrupted: a signal may have reached the calling
+// thread meanwhile, its handler then run (at the mask's restore, or during the wait for the helper), and the park
+// must not sleep as if it had not; the caller checks (one spurious wake-up a thread, on its first park). nullptr
+// (and *err) when the helper cannot be started.
 Helper* start_helper(int* err, bool* interrupted) noexcept {
   auto* h = new (std::nothrow) Helper();
   if (h == nullptr) return *err = ENOMEM, nullptr;
@@ -103,7 +104,9 @@ Helper* start_helper(int* err, bool* interrupted) noexcept {
   } catch (const std::system_error& e) {
     *err = e.code().value() ? e.code().value() : EAGAIN;
   }
-  if (unblocked_signal_pending(old)) *interrupted = true;
+  // A signal pending now is handled at the restore; one that comes between a look at the pending set and the
+  // restore would be too, unseen (a Ctrl-C then waited out a 500 ms slice, 3 times in 25): so always report one.
+  *interrupted = true;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (!h->thread.joinable()) {
     ::close(h->quit_fd);
