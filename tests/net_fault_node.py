@@ -2,11 +2,14 @@
 
     python net_fault_node.py writer CONFIG_JSON        (see writer())
     python net_fault_node.py reader HANDLE_PATH RANK
+    python net_fault_node.py link_rank ADDRESS PORT_PATH     (a liveness link's rank end, listening on ADDRESS)
+    python net_fault_node.py link_engine ADDRESS PORT_PATH   (its engine end)
 
 Each prints JSON lines on stdout: the writer {"ready"}, then {"error", "t", "sent"} if enqueue raises (it stops
 sending then), then {"sent", "closed_in"} after close() (with "exit": {"sent", "exiting"}, and the process exits
 with the queue still open in a module global); a reader {"attached"}, then {"end", "t", "got", "error"}
-where got is the sequence numbers read, in order. "t" is CLOCK_MONOTONIC, one clock for every namespace."""
+where got is the sequence numbers read, in order; a link's rank end {"listening"}, then {"link_end", "t", "why"};
+its engine end {"linked"}, then {"link_lost", "t", "why"}. "t" is CLOCK_MONOTONIC, one clock for every namespace."""
 
 import json
 import os
@@ -25,7 +28,9 @@ _kept = []  # a queue left open at exit
 def writer(config):
     """config (JSON): handle, n_reader, address, dead_reader, rate (messages a second; 0: as fast as enqueue goes),
     seconds or count (when to stop), ending ("close" or "exit"), delay_ms / jitter_ms (readers connect through a
-    hotloop.testing.delay_proxy on this node)."""
+    hotloop.testing.delay_proxy on this node), look (between paced sends, look every 50 ms whether a reader left,
+    and send at once if one did: an idle writer's error comes when its reader's connection ends, not at its next
+    message)."""
     import subprocess
 
     from hotloop import MessageQueue
@@ -58,7 +63,11 @@ def writer(config):
             say(error=f"{type(e).__name__}: {e}", t=time.monotonic(), sent=i)
             break
         i += 1
-        if period:
+        if period and c.get("look"):
+            next_send = time.monotonic() + period
+            while time.monotonic() < next_send and len(q.network_stats["attached"]) == c["n_reader"]:
+                time.sleep(0.05)  # a look at the peers: an idle writer has no wait of its own
+        elif period:
             time.sleep(period)
     if c.get("ending") == "exit":
         _kept.append(q)
@@ -96,5 +105,35 @@ def reader(handle_path, rank):
     q.close()
 
 
+LINK_TOKEN = b"net-fault-link-t"
+
+
+def link_rank(address, port_path):
+    from hotloop.engine.executors import liveness
+
+    listener = liveness.listen(address)
+    with open(port_path + ".part", "w") as f:
+        f.write(str(listener.getsockname()[1]))
+    os.rename(port_path + ".part", port_path)
+    say(listening=True)
+    liveness.hold(listener, LINK_TOKEN, 60.0, lambda why: say(link_end=True, t=time.monotonic(), why=why))
+
+
+def link_engine(address, port_path):
+    from hotloop.engine.executors import liveness
+
+    while not os.path.exists(port_path):
+        time.sleep(0.02)
+    with open(port_path) as f:
+        port = int(f.read())
+    watcher = liveness.LinkWatcher(lambda rank, why: say(link_lost=True, t=time.monotonic(), why=why))
+    watcher.connect(0, address, port, LINK_TOKEN, 10.0)
+    watcher.start()
+    say(linked=True)
+    import threading
+
+    threading.Event().wait()  # held until the test ends (Nodes.close kills this process)
+
+
 if __name__ == "__main__":
-    {"writer": writer, "reader": reader}[sys.argv[1]](*sys.argv[2:])
+    {"writer": writer, "reader": reader, "link_rank": link_rank, "link_engine": link_engine}[sys.argv[1]](*sys.argv[2:])

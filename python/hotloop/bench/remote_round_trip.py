@@ -3,14 +3,15 @@
 CURVE (the baselines: what the transport costs, and what its encryption costs), in one run.
 ``hotloop bench queue`` runs the same comparison over alternating runs (its table (r)).
 
-    python -m hotloop.bench.remote_round_trip [rounds] [--reps N] [--hops]
+    python -m hotloop.bench.remote_round_trip [rounds] [--reps N] [--hops] [--busy N]
 
 Method: one process sends 64 B and waits for the echo from a second process (spawned), `rounds` times after
 rounds/10 of warm-up; per configuration the median (p50) and p99 of those round trips. A repetition runs every
 configuration once, each with fresh processes and sockets, in an order that rotates between repetitions (a
 machine whose load drifts favours none of them); the summary gives, per configuration, the median over
 repetitions of p50 and of p99 with [min-max], and the remote reader's p50 over each baseline's p50 *of the same
-repetition*, median [min-max]. Scheduling on a small shared machine moves single runs by 2x: read the ranges.
+repetition*, median [min-max], for p50 and p99. --busy N runs it all beside N processes spinning in Python (a
+loaded host: the soaks' load check uses two). Scheduling on a small shared machine moves single runs by 2x: read the ranges.
 
 --hops: the remote reader's round trip cut into hops by time stamps (perf_counter_ns: CLOCK_MONOTONIC, one clock
 for both processes): the writer's enqueue, the flight to the echo's wake-up (ZeroMQ's I/O threads, TCP, CURVE,
@@ -183,7 +184,26 @@ def _spread(values, fmt="{:.1f}"):
     return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
 
 
-def main(rounds: int = 5000, reps: int = 5, hops: bool = False):
+def _busy():
+    while True:
+        pass
+
+
+def main(rounds: int = 5000, reps: int = 5, hops: bool = False, busy: int = 0):
+    """`busy`: that many processes spinning in Python at normal priority for the whole run (a loaded host, as
+    scripts/load_check.sh loads the soaks)."""
+    spinners = [CTX.Process(target=_busy, daemon=True) for _ in range(busy)]
+    for p in spinners:
+        p.start()
+    try:
+        _run(rounds, reps, hops, busy)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.join()
+
+
+def _run(rounds: int, reps: int, hops: bool, busy: int):
     p50 = {name: [] for name, _ in CONFIGS}
     p99 = {name: [] for name, _ in CONFIGS}
     breakdown = {name: [] for name, _ in CONFIGS}
@@ -197,12 +217,15 @@ def main(rounds: int = 5000, reps: int = 5, hops: bool = False):
             if cut:
                 breakdown[name].append(cut)
     print(f"64 B round trip between two processes: {rounds} rounds per run, {reps} repetitions, configurations in "
-          "rotating order; median over repetitions [min-max], us")
+          "rotating order" + (f", beside {busy} busy process{'es' * (busy > 1)}" if busy else "")
+          + "; median over repetitions [min-max], us")
     for name, _ in CONFIGS:
         print(f"  {name:44s} p50 {_spread(p50[name]):22s} p99 {_spread(p99[name])}")
     for base in (PLAIN, CURVE):
         ratios = [r / b for r, b in zip(p50[REMOTE], p50[base])]
         print(f"  remote reader p50 / {base} p50 (same repetition): {_spread(ratios, '{:.2f}')}")
+        ratios = [r / b for r, b in zip(p99[REMOTE], p99[base])]
+        print(f"  remote reader p99 / {base} p99 (same repetition): {_spread(ratios, '{:.2f}')}")
     for name, cuts in breakdown.items():
         if cuts:
             print(f"  hops of {name} (median over repetitions of each hop's median, us):")
@@ -215,5 +238,7 @@ if __name__ == "__main__":
     parser.add_argument("rounds", nargs="?", type=int, default=5000)
     parser.add_argument("--reps", type=int, default=5, help="repetitions of every configuration (default 5)")
     parser.add_argument("--hops", action="store_true", help="also cut the remote round trips into hops")
+    parser.add_argument("--busy", type=int, default=0, help="busy processes beside the run (a loaded host; "
+                        "scripts/load_check.sh uses 2)")
     args = parser.parse_args()
-    main(args.rounds, args.reps, args.hops)
+    main(args.rounds, args.reps, args.hops, args.busy)

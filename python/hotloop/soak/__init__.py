@@ -36,16 +36,20 @@ Contract:
   ``EngineClient``, tensor parallelism > 1, the engine and the orchestrator across nodes, the poll orchestrator
   loop.
 
-The package, one part per file: ``own_processes`` (pids, children, segments, descriptors, percentiles), ``queue_load``
-(``QueueGroup``), ``request_load`` (``EngineLoad``, ``OrchestratorLoad``), ``chaos`` (``Chaos``,
-``send_garbage``), ``network_chaos`` (``NetworkChaos``, ``NetFault``), ``nodes`` (``SoakNodes``), ``report``
-(``Report``), ``driver`` (``Soak``, ``run``).
+The package, one part per file, each importing only the ones before it: ``own_processes`` (pids, children,
+segments, descriptors, percentiles), ``nodes`` (``SoakNodes``), ``findings`` (``Findings``: the kills, counts and
+findings the loads and the chaos record; ``Kill``), ``net_fault`` (``NetFault``, the fault kinds), ``chaos``
+(``Chaos``, ``Target``, ``send_garbage``), ``request_load`` (``EngineLoad``, ``OrchestratorLoad``), ``queue_load``
+(``QueueGroup``), ``network_chaos`` (``NetworkChaos``), ``report`` (``Report``, a ``Findings`` that builds the
+table), ``driver`` (``Soak``, ``run``).
 """
 
-from hotloop.soak.chaos import Chaos, Kill, Target, send_garbage
+from hotloop.soak.chaos import Chaos, Target, send_garbage
 from hotloop.soak.driver import Soak, run
-from hotloop.soak.network_chaos import KINDS as NETWORK_FAULT_KINDS
-from hotloop.soak.network_chaos import NetFault, NetworkChaos
+from hotloop.soak.findings import Kill
+from hotloop.soak.net_fault import KINDS as NETWORK_FAULT_KINDS
+from hotloop.soak.net_fault import NetFault
+from hotloop.soak.network_chaos import NetworkChaos
 from hotloop.soak.nodes import SoakNodes
 from hotloop.soak.own_processes import (CTX, HANG_S, LOOPBACK, START_TIMEOUT_S, children_of, descendants_of,
                                         open_fds, percentiles, send_signal, shm_entries)

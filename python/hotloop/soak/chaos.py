@@ -21,24 +21,10 @@ import random
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
+from hotloop.soak.findings import Findings, Kill
 from hotloop.soak.own_processes import CTX, LOOPBACK, die_with_parent, log, start_time, send_signal
-
-if TYPE_CHECKING:
-    from hotloop.soak.report import Report
-
-@dataclass
-class Kill:
-    """One chaos SIGKILL and when (monotonic clock, shared by every process on the machine) survivors noticed."""
-
-    kind: str  # "queue writer", "queue local reader", "queue remote reader", "engine", "engine worker", "replica"
-    label: str
-    pid: int
-    t: float
-    detected_s: list[float] = field(default_factory=list)  # one per survivor that raised its error
-    note: str = ""
 
 
 @dataclass
@@ -55,7 +41,7 @@ class Chaos:
     """Seeded: every ~mean_interval_s, one action on one random target: SIGKILL, SIGSTOP for 0.1-2 s then SIGCONT,
     or garbage sent to a queue's publisher port."""
 
-    def __init__(self, rng: random.Random, components: list, report: "Report", mean_interval_s: float = 3.0):
+    def __init__(self, rng: random.Random, components: list, report: Findings, mean_interval_s: float = 3.0):
         self.rng, self.components, self.report = rng, components, report
         self.mean_interval_s = mean_interval_s
         self.actions: dict[str, int] = {}

@@ -13,6 +13,9 @@ Contract:
 - ``network=True`` (``hotloop soak --network``): the queue groups run on simulated nodes (``SoakNodes``), and
   ``NetworkChaos`` injects network faults on the remote readers' nodes next to ``Chaos``; the nodes are removed
   before the leak check, and each fault is charged the segments and processes its generation left.
+  ``sustained_loss`` (``--sustained-loss PCT``): every remote reader node drops that share of its packets each way
+  for the whole run, under the other faults: a live connection must not be lost to it (a DeadPeerError that no
+  kill or partition explains is an unexpected error), and partitions must still be seen within the bound.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ QUEUE_GROUPS = ((0, 3, 2), (1, 3, 1))  # (writer id, readers, shared-memory read
 
 class Soak:
     def __init__(self, minutes: float, seed: int, report: Report, workdir: str, network: bool = False,
-                 network_interval_s: float = 8.0):
+                 network_interval_s: float = 8.0, sustained_loss: int = 0):
         self.minutes, self.seed, self.report = minutes, seed, report
         rng = random.Random(seed)
         self.nodes = self.net_chaos = None
@@ -52,6 +55,12 @@ class Soak:
 
             self.bound_s = peer_timeout_s() + BOUND_SLACK_S
             self.nodes = SoakNodes(list(QUEUE_GROUPS))
+            if sustained_loss:
+                try:
+                    self.nodes.lose_steadily(sustained_loss)
+                except BaseException:
+                    self.nodes.close()
+                    raise
         self.groups = [QueueGroup(wid, n, n_local, report, seed, workdir, nodes=self.nodes)
                        for wid, n, n_local in QUEUE_GROUPS]
         self.engine = EngineLoad("e0", report, random.Random(rng.random()))
@@ -163,10 +172,12 @@ def _collect_leaks(soak: Soak, me: int, shm0: set, kids0: set, fds0: set, thread
 
 
 def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_s: float = 1.0,
-        fail_on_goal: bool = True, network: bool = False, network_interval_s: float = 8.0) -> int:
+        fail_on_goal: bool = True, network: bool = False, network_interval_s: float = 8.0,
+        sustained_loss: int = 0) -> int:
     """Run the soak; print the table on stdout; return the exit code (0: every must-be-0 row is 0 and the goal).
     network: the queues on simulated nodes under network faults too (needs root, iproute2 and nftables:
-    ``hotloop.testing.netns.Nodes.unavailable()`` says what is missing)."""
+    ``hotloop.testing.netns.Nodes.unavailable()`` says what is missing); sustained_loss: with network, the % of
+    every remote reader node's packets dropped each way for the whole run."""
     if network:
         from hotloop.testing.netns import Nodes
 
@@ -175,6 +186,8 @@ def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_
             raise RuntimeError(f"hotloop soak --network: {why}")
     if network_interval_s <= 0:
         raise ValueError(f"network_interval_s must be > 0, got {network_interval_s!r}")
+    if not 0 <= sustained_loss < 100 or (sustained_loss and not network):
+        raise ValueError(f"sustained_loss must be a % in [0, 100) and needs network=True, got {sustained_loss!r}")
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()  # kept for the whole process: not a leak
@@ -189,7 +202,7 @@ def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_
     me = os.getpid()
     shm0, kids0, fds0, threads0 = shm_entries(), children_of(me), open_fds(), set(threading.enumerate())
     report = Report()
-    soak = Soak(minutes, seed, report, workdir, network, network_interval_s)
+    soak = Soak(minutes, seed, report, workdir, network, network_interval_s, sustained_loss)
     try:
         asyncio.run(soak.run())
     finally:
@@ -202,7 +215,8 @@ def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_
     cfg = {"minutes": minutes, "seed": seed, "hang_s": HANG_S, "loopback": LOOPBACK, "cpus": os.cpu_count()}
     net = None
     if network:
-        cfg.update(network=True, network_interval_s=network_interval_s, network_bound_s=soak.bound_s)
+        cfg.update(network=True, network_interval_s=network_interval_s, network_bound_s=soak.bound_s,
+                   sustained_loss_percent=sustained_loss)
         net = {"faults": soak.net_chaos.faults, "bound_s": soak.bound_s}
     rec = report.build(cfg, soak.groups, soak.engine, soak.orch, soak.chaos, leaks, goal_s, fail_on_goal, net)
     print(Report.render(rec), flush=True)

@@ -7,7 +7,7 @@ Contract:
     (``bound_s``: ``HOTLOOP_PEER_TIMEOUT_S`` plus ``BOUND_SLACK_S``), the writer's ``enqueue`` and that reader's
     ``dequeue`` must both raise DeadPeerError (the time from the cut to each is recorded); it ends the
     generation as a kill does, and the group heals the node before the next one.
-  - ``short cut``: a partition healed after 0.3-1.0 s (inside the retransmission and keepalive bounds):
+  - ``short cut``: a partition healed after 0.3-1.0 s (inside TCP's retransmissions before the peer timeout):
     nothing may be raised, lost or duplicated.
   - ``2 % loss``: 2 % of the node's packets dropped at random for 3-8 s (nftables ``numgen random``).
   - ``delay 20 ms +- 5 ms``: the node's delay proxy switched on for 3-8 s (proxied ranks only).
@@ -30,49 +30,17 @@ import asyncio
 import random
 import signal
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from hotloop.soak.net_fault import DELAY, KINDS, LOSS, PARTITION, SHORT_CUT, NetFault
 from hotloop.soak.own_processes import log, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.nodes import SoakNodes
     from hotloop.soak.queue_load import QueueGroup
 
-PARTITION, SHORT_CUT, LOSS, DELAY = "partition", "short cut", "2 % loss", "delay 20 ms +- 5 ms"
-KINDS = (PARTITION, SHORT_CUT, LOSS, DELAY)
 LOSS_PERCENT = 2
 BOUND_SLACK_S = 5.0  # the peer timeout plus this: a 2-core machine under the whole soak (tests allow the same)
-
-
-@dataclass
-class NetFault:
-    """One network fault on one reader rank's node, and what the queue made of it."""
-
-    kind: str
-    wid: int
-    gen: int
-    rank: int
-    t: float  # monotonic, when the fault began (one clock for every namespace)
-    seconds: float = 0.0  # planned length (a partition lasts until its generation ends)
-    lasted_s: float = 0.0  # from the start of injecting it to the end of healing it: at most this long (a loaded
-    #                        machine runs nft late; TCP rides out a cut of up to ~1.4 s, see report.py)
-    detected_s: dict = field(default_factory=dict)  # "writer" / "reader" -> seconds from the fault to DeadPeerError
-    errors: list = field(default_factory=list)  # anything raised that the fault should not have caused
-    lost: int = 0
-    dup: int = 0
-    ooo: int = 0
-    hung: int = 0
-    fds_left: int = 0  # descriptors the writer's and this reader's queues left open after close()
-    fds_reported: int = 0  # how many of those two processes reported them (a killed one cannot)
-    pids: set = field(default_factory=set)  # the generation's processes (leaks are counted against them)
-    leaked_segments: int = 0
-    leaked_processes: int = 0
-    note: str = ""
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind} on q{self.wid}.g{self.gen} reader r{self.rank}'s node"
 
 
 class NetworkChaos:

@@ -12,6 +12,7 @@ Contract:
   that node still cuts both the writer's connection and the reader's. The last remote rank of each group is
   proxied, the others connect straight to the writer.
 - ``cut`` / ``lose`` / ``heal`` act on a reader rank's node (each runs ``nft`` in the node: a few ms, blocking);
+  ``lose_steadily`` puts a loss on every reader node that stays under the other faults until the nodes go;
   ``close()`` removes every node, whatever state its links are in.
 """
 
@@ -53,6 +54,12 @@ class SoakNodes:
 
     def lose(self, wid: int, rank: int, percent: int) -> None:
         self.nodes.lose(reader_node(wid, rank), percent)
+
+    def lose_steadily(self, percent: int) -> None:
+        """``percent`` % of every remote reader node's packets dropped each way from now on, under every other fault
+        (``hotloop soak --network --sustained-loss``)."""
+        for wid, rank in self.remote:
+            self.nodes.lose(reader_node(wid, rank), percent, steady=True)
 
     def heal(self, wid: int, rank: int) -> None:
         self.nodes.heal(reader_node(wid, rank))

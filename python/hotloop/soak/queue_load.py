@@ -39,13 +39,13 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hotloop.soak.chaos import Kill, Target
-from hotloop.soak.network_chaos import PARTITION, NetFault
+from hotloop.soak.chaos import Target
+from hotloop.soak.findings import Findings, Kill
+from hotloop.soak.net_fault import PARTITION, NetFault
 from hotloop.soak.own_processes import CTX, HANG_S, LOOPBACK, START_TIMEOUT_S, die_with_parent, send_signal
 
 if TYPE_CHECKING:
     from hotloop.soak.nodes import SoakNodes
-    from hotloop.soak.report import Report
 
 
 def _on_node(netns: str | None) -> None:
@@ -207,7 +207,7 @@ class ReaderTotals:
 class QueueGroup:
     """One writer and its readers, recreated as a new generation whenever chaos kills one of them."""
 
-    def __init__(self, wid: int, n_reader: int, n_local: int, report: "Report", seed: int, workdir: str,
+    def __init__(self, wid: int, n_reader: int, n_local: int, report: Findings, seed: int, workdir: str,
                  max_chunk: int = 16 << 10, rate: float = 100.0, nodes: SoakNodes | None = None):
         self.wid, self.n_reader, self.n_local = wid, n_reader, n_local
         self.nodes = nodes

@@ -2,8 +2,8 @@
 
 Contract:
 
-- Loads call ``count`` and ``finding`` (each distinct finding is logged once on stderr) while the run goes on;
-  chaos appends its ``Kill``s to ``kills``.
+- ``Report`` is a ``Findings`` (``findings.py``): loads call ``count`` and ``finding`` while the run goes on, chaos appends its
+  ``Kill``s to ``kills``. Only the driver imports this module; it imports the loads, never the other way round.
 - ``build`` turns the run into a record: rows ``(section, name, value, must_be_zero)``, the kill-to-error
   percentiles per kind against the goal, the leaks, and ``ok`` (every must-be-0 row is 0, and the goal is met or
   not failed on). ``render`` formats a record as the table printed on stdout.
@@ -15,33 +15,21 @@ Contract:
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
-from hotloop.soak.own_processes import log, percentiles
+from hotloop.soak.findings import Findings
+from hotloop.soak.net_fault import KINDS, PARTITION
+from hotloop.soak.own_processes import percentiles
 
 if TYPE_CHECKING:
-    from hotloop.soak.chaos import Chaos, Kill
+    from hotloop.soak.chaos import Chaos
     from hotloop.soak.queue_load import QueueGroup
     from hotloop.soak.request_load import EngineLoad, OrchestratorLoad
 
 MUST_BE_ZERO = "must be 0"
 
 
-class Report:
-    def __init__(self):
-        self.kills: list[Kill] = []
-        self.counts: dict[str, int] = {}
-        self.findings: list[dict] = []
-
-    def count(self, what: str, n: int = 1):
-        self.counts[what] = self.counts.get(what, 0) + n
-
-    def finding(self, area: str, what: str, zero: bool = False):
-        self.findings.append({"area": area, "what": what, "t": time.monotonic()})
-        if len([f for f in self.findings if f["what"] == what]) == 1:
-            log(f"FINDING [{area}] {what}")
-
+class Report(Findings):
     def build(self, cfg: dict, groups: list[QueueGroup], engine: EngineLoad, orch: OrchestratorLoad, chaos: Chaos,
               leaks: dict, goal_s: float, fail_on_goal: bool, net: dict | None = None) -> dict:
         rows = []  # (section, name, value, must_be_zero)
@@ -127,8 +115,6 @@ class Report:
     @staticmethod
     def _network_rows(row, net: dict) -> dict:
         """The rows of each network fault kind; returns the fault-to-error percentiles per kind and side."""
-        from hotloop.soak.network_chaos import KINDS, PARTITION
-
         bound = net["bound_s"]
         latency = {}
         for kind in KINDS:
@@ -163,6 +149,9 @@ class Report:
     @staticmethod
     def render(rec: dict) -> str:
         lines = [f"hotloop soak: {rec['config']['minutes']} min, seed {rec['config']['seed']}"]
+        loss = rec["config"].get("sustained_loss_percent")
+        if loss:
+            lines[0] += f"; every reader node losing {loss} % of its packets each way"
         section = None
         for r in rec["rows"]:
             if r["section"] != section:

@@ -22,13 +22,10 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from hotloop.soak.chaos import Kill, Target
+from hotloop.soak.chaos import Target
+from hotloop.soak.findings import Findings, Kill
 from hotloop.soak.own_processes import HANG_S, START_TIMEOUT_S, children_of, send_signal
-
-if TYPE_CHECKING:
-    from hotloop.soak.report import Report
 
 _WORDS = ["alpha", "beta", "gamma", "delta", "soak", "chaos", "queue", "token", "ring", "engine"]
 
@@ -164,7 +161,7 @@ class _RequestLoad:
 class EngineLoad(_RequestLoad):
     """An AsyncEngineClient (multiproc executor) serving `concurrency` request streams; restarted when it dies."""
 
-    def __init__(self, name: str, report: "Report", rng: random.Random, concurrency: int = 3, bad_ratio: float = 0.2,
+    def __init__(self, name: str, report: Findings, rng: random.Random, concurrency: int = 3, bad_ratio: float = 0.2,
                  step_delay_s: float = 0.01):
         self.name, self.report, self.rng = name, report, rng
         self.concurrency, self.bad_ratio, self.step_delay_s = concurrency, bad_ratio, step_delay_s
@@ -262,7 +259,7 @@ class OrchestratorLoad(_RequestLoad):
     STAGE_REPLICAS = (2, 1)
     area = "orchestrator"
 
-    def __init__(self, report: "Report", rng: random.Random, concurrency: int = 4, bad_ratio: float = 0.2,
+    def __init__(self, report: Findings, rng: random.Random, concurrency: int = 4, bad_ratio: float = 0.2,
                  step_delay_s: float = 0.01):
         self.report, self.rng = report, rng
         self.concurrency, self.bad_ratio, self.step_delay_s = concurrency, bad_ratio, step_delay_s

@@ -150,10 +150,12 @@ class Nodes:
         subprocess.run(["ip", "netns", "exec", self.ns[node], "nft", "-f", "-"], input=_CUT, text=True, check=True,
                        capture_output=True)
 
-    def lose(self, node: str, percent: int) -> None:
-        """Drop ``percent`` % of the packets in and out of ``node``, at random (until ``heal``)."""
+    def lose(self, node: str, percent: int, steady: bool = False) -> None:
+        """Drop ``percent`` % of the packets in and out of ``node``, at random (until ``heal``). ``steady``: in a
+        table of its own that ``cut`` and ``heal`` leave alone, for the node's whole life (a lossy link under the
+        other faults)."""
         rule = f"numgen random mod 100 < {int(percent)} drop"
-        table = ("table inet hotloop_cut {\n"
+        table = ("table inet " + ("hotloop_loss" if steady else "hotloop_cut") + " {\n"
                  f"  chain in {{ type filter hook input priority -100; policy accept; {rule}; }}\n"
                  f"  chain out {{ type filter hook output priority -100; policy accept; {rule}; }}\n}}\n")
         subprocess.run(["ip", "netns", "exec", self.ns[node], "nft", "-f", "-"], input=table, text=True, check=True,

@@ -8,9 +8,10 @@ Contract:
   rank 0 may sit in a collective with the lost rank (NCCL's own timeout is minutes) and the engine core waits for
   rank 0's answer, so requests hang.
 - With hotloop's queue installed, each rank also holds one liveness link with the executor (hotloop's
-  ``engine.executors.liveness``, the mechanism hotloop's own Ray executor uses: one idle TCP connection whose
-  kernel keepalive timers give the peer up after ``HOTLOOP_PEER_TIMEOUT_S``, default 3 s). The rank opens its end
-  on its Ray node address just before its ``run`` starts (a ``__ray_call__`` queued ahead of it on the actor).
+  ``engine.executors.liveness``, the mechanism hotloop's own Ray executor uses: one TCP connection carrying
+  heartbeats each way, the peer given up when nothing arrived from it for ``HOTLOOP_PEER_TIMEOUT_S``, default
+  3 s). The rank opens its end on its Ray node address just before its ``run`` starts (a ``__ray_call__`` queued
+  ahead of it on the actor).
 - A link that times out or becomes unreachable fails the executor at once: it logs an error naming the rank, its
   Ray node id and address and what happened; marks the executor failed; ends the engine core's wait on every
   response queue with DeadPeerError carrying that text (``MessageQueue.fail``); kills every rank's actor; and

@@ -20,14 +20,14 @@ Contract:
   the actor's process or node dies or the rank raises, and the executor fails naming the rank, its node id and
   address; measured on a simulated cluster: 20 ms after an actor's SIGKILL, at once after a node is removed.
 - Partitions: Ray learns of a node that stopped answering only from its health checks (~15 s by default), so each
-  rank also holds a liveness link with the engine (liveness.py: one idle TCP connection, the kernel's keepalive
-  timers set from ``HOTLOOP_PEER_TIMEOUT_S``, default 3 s). A link that times out fails the executor naming the
-  rank and its node (measured 2.3-3.1 s from the cut to every request's error; when rank 0 is the one cut off,
-  its answers' connection may time out first, and the engine waits for the link's verdict: worker_group's
-  REPORT_GRACE_S); a rank whose link to the engine
-  is lost ends its own process, wherever it is blocked (a gloo all-reduce with the lost peer would wait for
-  gloo's timeout, 30 min by default). gloo's timeout is left alone: it also bounds waits for a rank that is only
-  slow, and it would fail a collective, not name the rank that was cut off.
+  rank also holds a liveness link with the engine (liveness.py: one TCP connection carrying heartbeats each way,
+  given up when nothing arrived for ``HOTLOOP_PEER_TIMEOUT_S``, default 3 s). A link that times out fails the
+  executor naming the rank and its node (measured 2.3-3.1 s from the cut to every request's error; when rank 0
+  is the one cut off, its answers' connection may time out first, and the engine waits for the link's verdict:
+  worker_group's REPORT_GRACE_S); a rank whose link to the engine is lost ends its own process, wherever it is
+  blocked (a gloo all-reduce with the lost peer would wait for gloo's timeout, 30 min by default). gloo's timeout
+  is left alone: it also bounds waits for a rank that is only slow, and it would fail a collective, not name the
+  rank that was cut off.
 - ``shutdown()``: the broadcast queue's shutdown ends every rank's loop (each closes its queues), then the actors
   are killed and the placement group removed; no actor, process or /dev/shm segment is left. After a failure
   the actors are killed at once (a rank may be blocked in a collective with the lost one), and the futures of

@@ -31,9 +31,9 @@ STEP_CHUNK_BYTES = 1 << 20  # one record holds a step's scheduler output (larger
 SUBMIT_TIMEOUT_S = 60  # a full broadcast ring for this long means a worker stopped reading
 # After rank 0's answers ended: how long to wait for the report that says which rank and why. A process's death
 # is reported within milliseconds (a sentinel; Ray: 20 ms after a SIGKILL); a node cut off, within about a second
-# of the answers' own connection: both it and rank 0's liveness link give the node up after the peer timeout,
-# counted from their last acknowledged segment (a keepalive probe a second apart, a message), in
-# either order; 0.5 s more for a busy machine's scheduling.
+# of the answers' own connection: both it and rank 0's liveness link give the node up once nothing came from it
+# for the peer timeout (each hears a heartbeat every 0.5 s; the queue's timer starts at its next PING, up to 0.5 s
+# later), in either order; 0.5 s more for a busy machine's scheduling.
 REPORT_GRACE_S = 1.5
 
 

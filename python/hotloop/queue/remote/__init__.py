@@ -4,9 +4,9 @@ Contract:
 
 - ``RemotePublisher`` (writer) binds a ZeroMQ XPUB socket. Each remote reader subscribes to every message and to
   its own rank topic, so the writer learns which ranks are attached (``wait_all_attached``), sees a second reader of
-  the same rank, and sees a reader leave (its connection closes; a vanished node is given up by the kernel's TCP
-  timers within ``HOTLOOP_PEER_TIMEOUT_S``, default 3 s: ``sockets.keepalive``): ``write`` then raises DeadPeerError
-  naming it, or forgets it (``dead_reader="drop"``). Messages are never dropped:
+  the same rank, and sees a reader leave (its connection closes; a vanished node is given up when nothing of it
+  arrived for ``HOTLOOP_PEER_TIMEOUT_S``, default 3 s, by heartbeats both ends send: ``sockets.keepalive``):
+  ``write`` then raises DeadPeerError naming it, or forgets it (``dead_reader="drop"``). Messages are never dropped:
   a reader more than ``hwm`` messages behind makes ``write`` wait, up to its timeout.
 - ``RemoteSubscriber`` (reader) has the reader surface of a shared-memory ring (``read``, ``read_view``,
   ``release``, ``readable``, ``wait_readable``, ``source``, ``close``), so MessageQueue drives both alike.
@@ -54,7 +54,7 @@ Modules, one job each:
   still open at exit are closed there.
 - ``curve.py``: fresh CurveZMQ keys per queue and ``ZapHandler``, which admits exactly a queue's client keys.
 - ``wire.py``: what travels: frame kinds and the subscription topics that say which rank or node is attached.
-- ``sockets.py``: socket settings both ends share: the peer timeout (TCP keepalive, ``TCP_USER_TIMEOUT``), a
+- ``sockets.py``: socket settings both ends share: the peer timeout (ZMTP heartbeats, TCP keepalive), a
   reader's socket, connection monitors, this node's address.
 """
 

@@ -224,13 +224,13 @@ class RemotePublisher:
                 if node is not None:
                     raise DeadPeerError(
                         f"queue {self.queue_name}: remote reader rank {rank} on node {node!r} lost its node's relay "
-                        f"(in rank {self.relay_rank.get(node, '?')}'s process: it died, closed, or the node stopped "
-                        "answering keepalives); restart the node's readers, or create the queue with "
+                        f"(in rank {self.relay_rank.get(node, '?')}'s process: it died, closed, or nothing came from "
+                        "the node for the peer timeout); restart the node's readers, or create the queue with "
                         "dead_reader='drop'")
                 where = f" on node {self._node_of[rank]!r}" if self._node_of.get(rank) else ""
                 raise DeadPeerError(f"queue {self.queue_name}: remote reader rank {rank}{where} disconnected (its "
-                                    "process died, it closed, or its node stopped answering keepalives); restart "
-                                    "it, or create the queue with dead_reader='drop'")
+                                    "process died, it closed, or nothing came from its node for the peer timeout); "
+                                    "restart it, or create the queue with dead_reader='drop'")
             self._check_peers()  # dropped: the rank is simply forgotten; report any other
 
     @property
