@@ -7,6 +7,7 @@ table and plot; bench/report_page.py) and names it."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -84,7 +85,7 @@ def cmd_info(args) -> int:
 
 def cmd_bench(args) -> int:
     from hotloop.bench import BENCHMARKS
-    from hotloop.bench.vllm import offline, omni, ray_executor
+    from hotloop.bench.vllm import offline, omni, ray_executor, regimes
 
     names = args.names or list(BENCHMARKS)
     if _torch_version() is None:
@@ -111,12 +112,23 @@ def cmd_bench(args) -> int:
     if report:
         plots["vllm"] = [os.path.join(report, "vllm.png")]
     texts = {}
+    if args.regime and args.device != "sim":
+        print("hotloop bench vllm: --regime picks the simulated device's host regime: add --device sim",
+              file=sys.stderr)
+        return 2
+    regime_names = regimes.names(args.regime) if args.device == "sim" else ()
     for name in names:
         kwargs = {"plot_path": engine_plot} if name == "engine" else {}
         if name == "vllm":
             kwargs = {"rounds": args.rounds, "plot_path": plots["vllm"][0] if report else None,
-                      "device": args.device, "online": args.online, "sync": args.sync,
+                      "online": args.online, "sync": args.sync,
                       "tps": tuple(int(t) for t in args.tp_sizes.split(",")) if args.tp_sizes else None}
+            if regime_names:  # the simulated device: a run per host regime (bench/vllm/regimes.py)
+                BENCHMARKS["vllm"] = functools.partial(regimes.run, regime_names)
+                if report:
+                    plots["vllm"] = [regimes.plot_path_of(plots["vllm"][0], n) for n in regime_names]
+            else:
+                kwargs["device"] = args.device
         if name == "vllm-omni":
             kwargs = {"rounds": args.rounds}
         data, text = BENCHMARKS[name](quick=quick, **kwargs)
@@ -155,10 +167,17 @@ def cmd_soak(args) -> int:
     if args.network_interval_s <= 0:
         print(f"hotloop soak: --network-interval-s must be > 0, got {args.network_interval_s:g}", file=sys.stderr)
         return 2
+    if args.sustained_loss and not args.network:
+        print("hotloop soak: --sustained-loss needs --network (the loss is on the simulated nodes' links)",
+              file=sys.stderr)
+        return 2
+    if not 0 <= args.sustained_loss < 100:
+        print(f"hotloop soak: --sustained-loss is a % in [0, 100), got {args.sustained_loss}", file=sys.stderr)
+        return 2
     from hotloop.soak import run
 
     return run(args.minutes, args.seed, args.json, args.goal_s, not args.no_fail_on_goal, args.network,
-               args.network_interval_s)
+               args.network_interval_s, args.sustained_loss)
 
 
 def main(argv=None) -> int:
@@ -186,6 +205,10 @@ def main(argv=None) -> int:
                    "and client (vllm serve loaded by vllm bench serve)")
     b.add_argument("--sync", action="store_true", help="vllm --device sim: vLLM's synchronous path (async scheduling "
                    "off); by default the simulated device runs vLLM's GPU default, async scheduling")
+    b.add_argument("--regime", default=None,
+                   help="vllm --device sim: the host regimes, comma-separated: device-bound (the device's step 6.5 "
+                   "ms), pod-1.5 and pod-1.0 ('pod': the engine's processes in a cgroup with that CPU quota; needs "
+                   "root and a cpu controller), host-bound (1.3 ms on these cores); default all")
     b.add_argument("--tp-sizes", default=None, help="vllm: tensor parallel sizes, e.g. 1,2 (default 1,2; sim: 1,2,4)")
     b.add_argument("--json", metavar="PATH", help="also write the figures and the machine facts as JSON")
     b.set_defaults(fn=cmd_bench)
@@ -203,6 +226,9 @@ def main(argv=None) -> int:
                    "longer than the peer timeout, short cuts, 2 %% loss, 20 ms +- 5 ms delay")
     s.add_argument("--network-interval-s", type=float, default=8.0,
                    help="mean seconds between network faults (default 8; the first faults cover every kind)")
+    s.add_argument("--sustained-loss", type=int, default=0, metavar="PCT",
+                   help="with --network: every remote reader node drops PCT %% of its packets each way for the whole "
+                   "run, under the other faults (default 0: off; 2 is the lossy link the keepalive is built for)")
     s.set_defaults(fn=cmd_soak)
     args = parser.parse_args(argv)
     return args.fn(args)

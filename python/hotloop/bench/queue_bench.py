@@ -320,7 +320,13 @@ class _VllmQueue(_AfterFork):
         return q.dequeue
 
     def finish_b(self):
-        pass  # shared memory: nothing in flight; vLLM's queues are released when the child exits
+        """Shared memory: nothing in flight. The child ends in os._exit, which runs no finalizer, so its queues are
+        dropped here: the writer's segment is unlinked by vLLM's own finalizer (left to exit, each run's segment
+        stayed in /dev/shm until the parent's resource tracker removed it, "leaked shared_memory objects")."""
+        import gc
+
+        self.wb = self.rb = None
+        gc.collect()
 
     def close(self):  # vLLM's queue has no close(): dropping the writer unlinks its segment
         self.wa = self.ra = None
@@ -424,6 +430,7 @@ def _echo(peer, rounds):
     recv, send = peer.side_b()
     for _ in range(rounds):
         send(recv())
+    del recv, send  # the queues go with the peer's finish_b
     getattr(peer, "finish_b", lambda: None)()
     os._exit(0)
 
