@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check (about 6 minutes on a machine with an NVIDIA GPU), one command: bash benchmarks/gpu_check.sh
+# The GPU check (about 6 minutes, plus step 5's second model runner, on a machine with an NVIDIA GPU), one command:
+# bash benchmarks/gpu_check.sh
 #   1. the StepNotifier tests and the engine's notifier tests (device="cuda": identical outputs in every wait mode
 #      and executor) against the real driver;
 #   2. `hotloop bench notifier`: kernel end -> waiter back in Python and CPU while waiting, each mechanism next to
@@ -12,8 +13,10 @@
 #      short run at TP=1 (the step on the GPU: the engine core's CPU is free while it runs). Skipped, saying so,
 #      without vLLM.
 #   5. (with vLLM) the worker's wait for its sampled tokens: hotloop's queue at TP=1, decoding 16 requests of 256
-#      tokens, with and without HOTLOOP_VLLM_DEVICE_WAIT=1 (hotloop.vllm.device_wait), 3 rounds alternating: the
-#      worker's and the engine core's host CPU (percent of a core over the run), tok/s, tokens equal.
+#      tokens, with and without HOTLOOP_VLLM_DEVICE_WAIT=1 (hotloop.vllm.device_wait), 3 rounds alternating, on
+#      each of vLLM's GPU model runners: V2 (vLLM's default where Triton is installed; set here with
+#      VLLM_USE_V2_MODEL_RUNNER=1, so a fallback cannot measure V1 twice) and V1 (VLLM_USE_V2_MODEL_RUNNER=0): the
+#      worker's and the engine core's host CPU (percent of a core over the run), tok/s, tokens equal per runner.
 # Prints everything; writes build/gpu-check/* (tests-*.txt, notifier.json, bench.txt, engine.json, engine.txt,
 # engine.png, vllm-source.txt, vllm-tokens.txt, vllm.json, vllm.txt, vllm.png, vllm-device-wait.txt). Exits 2 at once with no usable
 # GPU, 1 if a test failed.
@@ -105,34 +108,40 @@ PY
 timeout 900 python3 -m hotloop.bench.vllm.offline --quick --tp-sizes 1 --json "$out/vllm.json" --plot "$out/vllm.png" \
   2>&1 | tee "$out/vllm.txt" | tail -40
 echo "== vLLM's worker: its sampled tokens waited for on a CUDA event (vLLM) or a hotloop StepNotifier"
-timeout 900 python3 - <<'PY' 2>&1 | tee "$out/vllm-device-wait.txt" | tail -12
+timeout 1800 python3 - <<'PY' 2>&1 | tee "$out/vllm-device-wait.txt" | tail -16
 import statistics, sys, time
 from hotloop.bench.vllm.driver import Driver
 from hotloop.bench.vllm.processes import cpu_by_process
 from hotloop.vllm import tiny_model
 
+RUNNERS = (("V2", "1"), ("V1", "0"))  # vLLM's Model Runner, VLLM_USE_V2_MODEL_RUNNER
+
 if __name__ == "__main__":
-    model, rows, tokens = tiny_model.build(0), {"event": [], "notifier": []}, {}
-    for rnd in range(3):
-        for arm in (("event", "notifier") if rnd % 2 == 0 else ("notifier", "event")):
-            d = Driver(1, "hotloop", model, {"HOTLOOP_VLLM_DEVICE_WAIT": "1" if arm == "notifier" else "0"})
-            try:
-                d.generate(4, max_tokens=16)  # warm-up
-                k0, t0 = cpu_by_process(d.pid), time.monotonic()
-                out = d.generate(16, max_tokens=256)
-                span, k1 = time.monotonic() - t0, cpu_by_process(d.pid)
-                pct = {k: 100 * (k1[k] - k0.get(k, 0)) / span for k in k1}
-                rows[arm].append((pct.get("worker0", 0), pct.get("engine_core", 0), 16 * 256 / out["wall_s"]))
-                tokens.setdefault(arm, out["token_ids"])
-            finally:
-                d.close()
-    for arm, r in rows.items():
-        print(f"{arm:9s} worker CPU {statistics.median(x[0] for x in r):5.1f} %  engine core "
-              f"{statistics.median(x[1] for x in r):5.1f} %  {statistics.median(x[2] for x in r):7.0f} tok/s  "
-              f"(median of {len(r)}; runs {[round(x[0]) for x in r]})")
-    same = tokens["event"] == tokens["notifier"]
-    print("greedy tokens equal" if same else "TOKENS DIFFER")
-    sys.exit(0 if same else 1)
+    model, differ = tiny_model.build(0), []
+    for runner, flag in RUNNERS:
+        rows, tokens = {"event": [], "notifier": []}, {}
+        for rnd in range(3):
+            for arm in (("event", "notifier") if rnd % 2 == 0 else ("notifier", "event")):
+                d = Driver(1, "hotloop", model, {"HOTLOOP_VLLM_DEVICE_WAIT": "1" if arm == "notifier" else "0",
+                                                 "VLLM_USE_V2_MODEL_RUNNER": flag})
+                try:
+                    d.generate(4, max_tokens=16)  # warm-up
+                    k0, t0 = cpu_by_process(d.pid), time.monotonic()
+                    out = d.generate(16, max_tokens=256)
+                    span, k1 = time.monotonic() - t0, cpu_by_process(d.pid)
+                    pct = {k: 100 * (k1[k] - k0.get(k, 0)) / span for k in k1}
+                    rows[arm].append((pct.get("worker0", 0), pct.get("engine_core", 0), 16 * 256 / out["wall_s"]))
+                    tokens.setdefault(arm, out["token_ids"])
+                finally:
+                    d.close()
+        for arm, r in rows.items():
+            print(f"{runner} {arm:9s} worker CPU {statistics.median(x[0] for x in r):5.1f} %  engine core "
+                  f"{statistics.median(x[1] for x in r):5.1f} %  {statistics.median(x[2] for x in r):7.0f} tok/s  "
+                  f"(median of {len(r)}; runs {[round(x[0]) for x in r]})")
+        same = tokens["event"] == tokens["notifier"]
+        print(f"{runner}: greedy tokens equal" if same else f"{runner}: TOKENS DIFFER")
+        differ += [] if same else [runner]
+    sys.exit(1 if differ else 0)
 PY
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit $status

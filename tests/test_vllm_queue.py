@@ -452,7 +452,8 @@ def test_step_paced_wait_is_off_unless_asked_and_checks_its_setting(monkeypatch)
 
 def test_the_readers_wait_follows_the_host_rule_and_every_switch_overrides_it(monkeypatch):
     """step_wait.choose: vLLM's CPU platform (the model on the host's cores) -> a 1 ms yield budget; the model off
-    the host -> paced with a core per process, plain where the engine core and workers outnumber the cores;
+    the host -> paced with a core per process (the front end's too), the 1 ms yield budget where the front end
+    makes the processes one too many, plain where the engine core and workers outnumber the cores;
     HOTLOOP_VLLM_YIELD_US, then HOTLOOP_VLLM_PACED, override it."""
     from hotloop.vllm import step_wait
 
@@ -463,11 +464,16 @@ def test_the_readers_wait_follows_the_host_rule_and_every_switch_overrides_it(mo
         wait = choose(workers, on_host=True, cores=cores)  # the CPU build, whatever the host's size
         assert (wait.kind, wait.cap_us) == ("yield", step_wait.HOST_COMPUTE_YIELD_US), wait
         assert wait.policy() is None  # the budget's park phase is the plain wait
-    assert choose(1, on_host=False, cores=2).kind == "paced"  # engine core + 1 worker on 2 cores
-    assert choose(7, on_host=False, cores=8).kind == "paced"
+    # engine core + 1 worker on 2 cores, the front end one too many: the yield budget, then the plain park
+    wait = choose(1, on_host=False, cores=2)
+    assert (wait.kind, wait.cap_us, wait.policy()) == ("yield", step_wait.HOST_COMPUTE_YIELD_US, None), wait
+    assert "front end" in wait.why
+    assert choose(7, on_host=False, cores=8).kind == "yield"
+    assert choose(1, on_host=False, cores=3).kind == "paced"  # a core per process, the front end's too
+    assert choose(7, on_host=False, cores=9).kind == "paced"
+    assert choose(1, on_host=False, cores=3).policy().paced
     assert choose(2, on_host=False, cores=2).kind == "plain"  # 3 processes, 2 cores
     assert choose(4, on_host=False, cores=2).kind == "plain"
-    assert choose(1, on_host=False, cores=2).policy().paced
     assert "outnumber" in choose(2, on_host=False, cores=2).why
     monkeypatch.setenv("HOTLOOP_VLLM_PACED", "1")
     assert choose(2, on_host=True, cores=2).kind == "paced"
@@ -485,7 +491,8 @@ def test_the_readers_wait_follows_the_host_rule_and_every_switch_overrides_it(mo
         choose(1, on_host=True, cores=2)
 
 
-@pytest.mark.parametrize("on_host, cores, kind", [(True, 2, "yield"), (False, 2, "plain"), (False, 64, "paced")])
+@pytest.mark.parametrize("on_host, cores, kind", [(True, 2, "yield"), (False, 2, "plain"), (False, 3, "yield"),
+                                                  (False, 64, "paced")])
 def test_a_reader_takes_the_hosts_wait_at_its_first_read(monkeypatch, on_host, cores, kind):
     """As in vLLM's engine core: the step broadcast to two local workers is written here, then a worker's answer
     queue (one reader) is read. Its reader counts this process's deployment (the broadcast's two workers, the
@@ -496,6 +503,7 @@ def test_a_reader_takes_the_hosts_wait_at_its_first_read(monkeypatch, on_host, c
     monkeypatch.delenv("HOTLOOP_VLLM_PACED", raising=False)
     monkeypatch.setattr(step_wait, "model_on_host", lambda: on_host)
     monkeypatch.setattr(step_wait, "HOST_CORES", cores)
+    monkeypatch.setattr(step_wait, "HOST_QUOTA", None)  # whatever cgroup the suite runs in
     monkeypatch.setattr(vmq, "_deployment", {"workers": 0, "cores": 0})
     monkeypatch.setattr(step_wait, "chosen", [])
     broadcast = MessageQueue(2, 2)
@@ -514,3 +522,59 @@ def test_a_reader_takes_the_hosts_wait_at_its_first_read(monkeypatch, on_host, c
     r.close()
     answers.close()
     broadcast.close()
+
+
+@pytest.mark.parametrize("chains", [True, False])
+def test_a_steps_second_broadcast_is_read_without_a_park_between(monkeypatch, chains):
+    """The async path's two-message step: the worker reads execute_model, then sample_tokens, which the engine core
+    writes a moment later. With chained reads the second read yields through the gap (no park: the counters say
+    so); without them it parks each time (the writer waits until the reader sleeps on the ring, then writes).
+    The budgets are widened so that a loaded machine's scheduling delays stay inside them."""
+    from conftest import thread_parked_in_segment
+
+    from hotloop.vllm import chained_reads, step_wait
+
+    monkeypatch.delenv("HOTLOOP_VLLM_YIELD_US", raising=False)
+    monkeypatch.setenv("HOTLOOP_VLLM_PACED", "0")  # the plain wait: spin 20 us, yield 10 us, park
+    monkeypatch.setenv("HOTLOOP_VLLM_CHAINS", "1" if chains else "0")
+    monkeypatch.setattr(chained_reads, "CHAIN_GAP_US", 10_000.0)
+    monkeypatch.setattr(chained_reads, "CHAIN_YIELD_US", 2_000_000.0)
+    steps = 12
+    q = MessageQueue(1, 1)
+    r = MessageQueue.create_from_handle(q.export_handle(), 0)
+    q.wait_until_ready()
+    reader = threading.current_thread()
+    got_first = threading.Event()
+
+    def engine_core():
+        for n in range(steps):
+            time.sleep(0.05)  # a step apart (5x the chain's gap): the read after sample_tokens is never chained
+            got_first.clear()
+            q.enqueue(("execute_model", (n,), {}, 0))
+            got_first.wait(10)
+            if chains:
+                time.sleep(0.0005)  # the engine core's work between the two broadcasts (the reader yields)
+            else:
+                wait_until(lambda: thread_parked_in_segment(reader, q.name), what="reader parked in the gap")
+            q.enqueue(("sample_tokens", (n,), {}, 0))
+
+    writer = threading.Thread(target=engine_core)
+    writer.start()
+    try:
+        for n in range(steps):
+            assert r.dequeue(timeout=30) == ("execute_model", (n,), {}, 0)
+            got_first.set()
+            assert r.dequeue(timeout=30) == ("sample_tokens", (n,), {}, 0)
+    finally:
+        writer.join(30)
+    after_first = r._paced.chain.stats()["execute_model"]
+    assert after_first["reads"] == steps
+    if chains:
+        # the first step teaches the gap (it parks); every later one yields through it
+        assert after_first["chained"] == steps - 1 and after_first["parks"] <= 1, after_first
+    else:
+        assert after_first["chained"] == 0 and after_first["parks"] == steps, after_first
+    assert r._paced.chain.stats()["sample_tokens"]["chained"] == 0  # a step apart: never chained
+    assert step_wait.chain_stats()["execute_model"]["reads"] >= steps
+    r.close()
+    q.close()

@@ -112,6 +112,40 @@ TREE = {
     """,
     "vllm/v1/core/sched/scheduler.py": "class Scheduler:\n    def update_from_output(self, a, b): pass\n",
     "vllm/v1/worker/worker_base.py": "class WorkerWrapperBase:\n    def execute_model(self, s): pass\n",
+    "vllm/v1/worker/gpu_model_runner.py": """
+        import torch
+        class AsyncGPUModelRunnerOutput:
+            def __init__(self, model_runner_output, sampled_token_ids, async_output_copy_stream, vocab_size):
+                self.async_copy_ready_event = torch.cuda.Event(blocking=True)
+                with torch.cuda.stream(async_output_copy_stream):
+                    self.async_copy_ready_event.record()
+            def get_output(self):
+                self.async_copy_ready_event.synchronize()
+        class AsyncGPUPoolingModelRunnerOutput:
+            def __init__(self, model_runner_output, raw_pooler_output, finished_mask, async_output_copy_stream):
+                self.async_copy_ready_event = torch.cuda.Event(blocking=True)
+                self.async_copy_ready_event.record()
+            def get_output(self):
+                self.async_copy_ready_event.synchronize()
+    """,
+    "vllm/v1/worker/gpu/async_utils.py": """
+        import torch
+        class AsyncOutput:
+            def __init__(self, model_runner_output, sampler_output, num_sampled_tokens, main_stream, copy_stream,
+                         check_ep_fault, pending_aux_output):
+                self.copy_event = torch.cuda.Event(blocking=True)
+                self.copy_event.record(copy_stream)
+            def get_output(self):
+                self.copy_event.synchronize()
+                return self.model_runner_output
+        class AsyncPoolingOutput:
+            def __init__(self, model_runner_output, pooler_output, finished_mask, main_stream, copy_stream):
+                self.copy_event = torch.cuda.Event(blocking=True)
+                self.copy_event.record(copy_stream)
+            def get_output(self):
+                pooler_output = self.pooler_output_cpu
+                self.copy_event.synchronize()
+    """,
 }
 
 
@@ -133,6 +167,8 @@ def _tree(tmp_path, **changes):
 EXECUTOR = "vllm/v1/executor/multiproc_executor.py"
 QUEUE = "vllm/distributed/device_communicators/shm_broadcast.py"
 RAY = "vllm/v1/executor/ray_executor_v2.py"
+V1_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
+V2_OUTPUT = "vllm/v1/worker/gpu/async_utils.py"
 
 
 @pytest.mark.parametrize("changes, failure", [
@@ -167,6 +203,24 @@ RAY = "vllm/v1/executor/ray_executor_v2.py"
              "        for handle in self.ray_worker_handles:\n            handle.run()")]},
      "runs every handle, then starts its monitor"),
     ({RAY: [("        self.response_mqs = []\n", "")]}, "not set there: ['response_mqs']"),
+    ({V2_OUTPUT: [("main_stream, copy_stream,\n", "main_stream, output_stream,\n")]},
+     "V2's AsyncOutput.__init__ takes copy_stream and records self.copy_event, get_output() synchronizes it "
+     "(vllm/v1/worker/gpu/async_utils.py; device_wait wraps it): no copy_stream parameter"),
+    ({V2_OUTPUT: [("        pooler_output = self.pooler_output_cpu\n        self.copy_event.synchronize()",
+                   "        pooler_output = self.pooler_output_cpu\n        self.copy_event.query()")]},
+     "AsyncPoolingOutput.__init__ takes copy_stream and records self.copy_event, get_output() synchronizes it "
+     "(vllm/v1/worker/gpu/async_utils.py; device_wait wraps it): get_output() does not call "
+     "self.copy_event.synchronize()"),
+    ({V2_OUTPUT: [("    def __init__(self, model_runner_output, pooler_output", "    def __init__(self, pooler_output")]},
+     None),  # another parameter may change: only the stream is read by name
+    ({V1_RUNNER: [("            self.async_copy_ready_event.record()", "            pass")]},
+     "V1's AsyncGPUModelRunnerOutput.__init__ takes async_output_copy_stream and records "
+     "self.async_copy_ready_event, get_output() synchronizes it (vllm/v1/worker/gpu_model_runner.py; device_wait "
+     "wraps it): __init__ does not call self.async_copy_ready_event.record()"),
+    ({V1_RUNNER: [("class AsyncGPUPoolingModelRunnerOutput", "class AsyncGPUPoolerOutput")]},
+     "AsyncGPUPoolingModelRunnerOutput.__init__ takes async_output_copy_stream and records "
+     "self.async_copy_ready_event, get_output() synchronizes it (vllm/v1/worker/gpu_model_runner.py; device_wait "
+     "wraps it): the class is not there"),
 ])
 def test_the_check_catches_what_would_break_hotloop(tmp_path, changes, failure):
     version, findings = source_check.check(_tree(tmp_path, **changes))

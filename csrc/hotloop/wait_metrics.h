@@ -103,6 +103,8 @@ class WaitMetrics {
     ended_[int(e)].store(ended_[int(e)].load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
   WaitCounts snapshot() const noexcept;
+  // Kernel sleeps so far (one relaxed load: cheap enough to read around every wait).
+  uint64_t parks() const noexcept { return parks_.load(std::memory_order_relaxed); }
 
  private:
   template <bool kShared>

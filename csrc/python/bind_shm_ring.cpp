@@ -439,6 +439,8 @@ void bind_shm_ring(nb::module_& m) {
       .def_prop_ro("wait_stats", [](const PyShmRing& s) { return counts_dict(s.metrics.snapshot()); },
                    "This side's waits in read / read_view / write / the ring waits (a dict; hotloop.metrics "
                    "describes it). A message already there when read is called takes no wait.")
+      .def_prop_ro("parks", [](const PyShmRing& s) { return s.metrics.parks(); },
+                   "How many times this side's waits parked in the kernel so far (wait_stats' \"parks\"; one load).")
       .def_prop_ro("source", [](PyShmRing& s) -> Source& { return s.get().source(); },
                    nb::rv_policy::reference_internal, "Reader: the wait_any source (ready when readable).")
       .def_prop_ro("name", [](PyShmRing& s) { return s.get().name(); })

@@ -20,6 +20,7 @@
 #include "hotloop/clock.h"
 #include "hotloop/errors.h"
 #include "hotloop/shm_ring.h"
+#include "hotloop/wait_any.h"
 #include "test_util.h"
 
 namespace hotloop {
@@ -363,6 +364,10 @@ TEST_F(ShmRingTest, SegmentsOfDeadCreatorsAreReapedOnlyInThisPidNamespace) {
 TEST_F(ShmRingTest, AWriterThatDiesWhileAReaderIsParkedIsSeenAtOnceNotAtTheSliceEnd) {
   // The reader parks, then the writer process dies 150 ms into the wait: past the reader's first park (50 ms),
   // so its pidfd is watched and the death is seen at once. Without it, at the liveness slice's end (500 ms).
+  if (park_backend().backend == ParkBackend::kSliced) {
+    GTEST_SKIP() << "the sliced park backend (no io_uring, no futex_waitv: qemu-user, kernels before 5.16) does "
+                    "not watch the writer's pidfd: a writer's death is seen at the liveness slice's end";
+  }
   const std::string name = "/hotloop-test-" + std::to_string(getpid()) + "-writerexit";
   WriterChild writer(name, {[](ShmRing&) { sleep_ms(150); }});
   ShmRing r = ShmRing::attach(name, 0, 4096, 1);

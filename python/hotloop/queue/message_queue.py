@@ -393,6 +393,13 @@ class MessageQueue:
         the writer's (waits for space); None for a network reader or a writer without local readers."""
         return getattr(self._reader if self._reader is not None else self._local, "wait_stats", None)
 
+    @property
+    def parks(self) -> int:
+        """How many times this side's ring waits parked in the kernel so far (``wait_stats["parks"]`` at the cost of
+        one load; 0 for a network reader)."""
+        ring = self._reader if self._reader is not None else self._local
+        return ring.parks if ring is not None and hasattr(ring, "parks") else 0
+
     def dequeue(self, timeout: float | None = None):
         """The next object. Raises QueueTimeout, ClosedError (shut down and drained), DeadPeerError (writer died)."""
         ring = self._object_reader

@@ -17,6 +17,8 @@ Contract:
   process. On an unsupported vLLM it logs a warning and leaves vLLM's queue in place; it never raises.
 - Every process of a deployment must agree: a handle of one class given to the other raises BadHandleError
   saying so (``message_queue.py``).
+- ``HOTLOOP_VLLM_READ_CPU=1`` counts the thread CPU of every queue read and of its deserialization, on either
+  queue (``read_cpu.py``: the bench's exact waiting CPU).
 - ``HOTLOOP_VLLM_TIMELINE=1`` stamps each request's hops (front end, engine core, workers: ``timeline.py``), on
   either queue.
 - ``HOTLOOP_VLLM_SIM_DEVICE=1`` puts the model's forward on a simulated device (``sim_device.py``: benchmarks and
@@ -231,6 +233,11 @@ def register() -> None:
 
         log.info("hotloop: request timeline stamps (HOTLOOP_VLLM_TIMELINE) on %s in process %d",
                  ", ".join(timeline.install()) or "nothing", os.getpid())
+    if env_flag("HOTLOOP_VLLM_READ_CPU"):
+        from hotloop.vllm import read_cpu
+
+        log.info("hotloop: queue reads' thread CPU counted (HOTLOOP_VLLM_READ_CPU) on %s in process %d",
+                 ", ".join(read_cpu.install()), os.getpid())
     try:
         from hotloop.vllm import sim_device
 

@@ -45,6 +45,7 @@ import dataclasses
 import logging
 import os
 import threading
+import weakref
 
 from hotloop.queue import message_queue as _hl
 from hotloop._core import BadHandleError, ClosedError, DeadPeerError, WaitPolicy
@@ -84,7 +85,7 @@ class Handle:
     remote_reader_ranks: list[int]
     queue: _hl.Handle = dataclasses.field(repr=False)
     remote_subscribe_addr: str | None = None  # the writer's tcp:// address when there are remote readers
-    host_cores: int = 0  # the cores the writer's process may run on (step_wait.choose)
+    host_cores: float = 0  # the cores the writer's process may use, its cgroup's quota counted (step_wait.choose)
 
     # vLLM's own MessageQueue.create_from_handle reads these first: a clear error instead of an AttributeError.
     @property
@@ -211,6 +212,8 @@ class MessageQueue(_hl.MessageQueue):
         _deployment_seen(len(handle.local_reader_ranks), handle.host_cores)
         self = super().create_from_handle(inner, slot, policy)
         paced.park_policy = self._policy  # the reader's own (a network reader's parks at once)
+        queue = weakref.ref(self)
+        paced.parks = lambda: q.parks if (q := queue()) is not None else 0  # the chain counters' parks
         self.handle = handle
         self._paced = paced
         # a shared-memory reader without a policy of its own takes the host's rule (step_wait.choose) at its first
@@ -258,7 +261,8 @@ class MessageQueue(_hl.MessageQueue):
 
     def _choose_wait(self) -> None:
         self._wait_undecided = False
-        wait = step_wait.choose(_deployment["workers"], cores=max(_deployment["cores"], step_wait.HOST_CORES))
+        wait = step_wait.choose(_deployment["workers"], cores=max(_deployment["cores"], step_wait.HOST_CORES),
+                                quota=step_wait.HOST_QUOTA)
         if not step_wait.chosen:
             log.info("hotloop: shared-memory readers in process %d wait %s: %s", os.getpid(),
                      {"yield": f"with a {wait.cap_us:g} us yield budget, then park", "paced": "paced",

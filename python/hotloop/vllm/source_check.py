@@ -16,7 +16,10 @@ Contract:
   ``_process_engine_step``, ``_handle_client_request``), what ``timeline`` stamps, and what ``ray_liveness``
   relies on in vLLM's Ray executor (``RayWorkerHandle.run`` and its fields, every rank run before the monitor
   starts, the executor's ``response_mqs``, ``ray_worker_handles``, ``is_failed``, ``failure_callback``) are
-  there.
+  there; and the output classes ``device_wait`` wraps, of both GPU model runners (``device_wait.RUNNERS``: V1's
+  ``AsyncGPUModelRunnerOutput`` and its pooling twin, V2's ``AsyncOutput`` and ``AsyncPoolingOutput``), each with
+  an ``__init__`` taking the copy stream by its name that records the event attribute, and a ``get_output()``
+  that synchronizes it.
 - ``python -m hotloop.vllm.source_check [PATH_OR_WHEEL ...]`` prints the findings (default: the installed vLLM)
   and exits 1 when one fails: run it on a new vLLM release before adding it to ``SUPPORTED_VLLM_VERSIONS``.
 """
@@ -284,6 +287,42 @@ def _ray_checks(source: VllmSource) -> list[Finding]:
     return out
 
 
+def _self_attr_call(fn: ast.FunctionDef, attr: str, method: str) -> bool:
+    """Whether ``fn`` calls ``self.<attr>.<method>(...)``."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == method
+               and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == attr
+               and isinstance(n.func.value.value, ast.Name) and n.func.value.value.id == "self"
+               for n in ast.walk(fn))
+
+
+def _device_wait_checks(source: VllmSource) -> list[Finding]:
+    """What device_wait.py wraps in each of vLLM's GPU model runners (its RUNNERS)."""
+    from hotloop.vllm.device_wait import RUNNERS
+
+    out = []
+    for runner in RUNNERS:
+        rel = runner.module.replace(".", "/") + ".py"
+        for name in runner.classes:
+            what = (f"Model Runner {runner.name}'s {name}.__init__ takes {runner.stream} and records "
+                    f"self.{runner.event}, get_output() synchronizes it ({rel}; device_wait wraps it)")
+            cls = _class(source.tree(rel), name)
+            methods = _methods(cls) if cls else {}
+            init, get = methods.get("__init__"), methods.get("get_output")
+            if init is None or get is None:
+                gone = "the class" if cls is None else "__init__" if init is None else "get_output()"
+                out.append(Finding(what, False, f"{gone} is not there"))
+                continue
+            missing = []
+            if runner.stream not in _vllm_params(init):
+                missing.append(f"no {runner.stream} parameter ({', '.join(_vllm_params(init))})")
+            if not _self_attr_call(init, runner.event, "record"):
+                missing.append(f"__init__ does not call self.{runner.event}.record()")
+            if not _self_attr_call(get, runner.event, "synchronize"):
+                missing.append(f"get_output() does not call self.{runner.event}.synchronize()")
+            out.append(Finding(what, not missing, "; ".join(missing)))
+    return out
+
+
 def check(path: str) -> tuple[str, list[Finding]]:
     """vLLM's version at ``path`` and the findings (see the module's contract)."""
     from hotloop.vllm.message_queue import MessageQueue
@@ -297,6 +336,7 @@ def check(path: str) -> tuple[str, list[Finding]]:
     findings += _loop_checks(source)
     findings += _ray_checks(source)
     findings += [_has_method(source, *hook) for hook in TIMELINE_HOOKS]
+    findings += _device_wait_checks(source)
     return source.version(), findings
 
 

@@ -19,6 +19,23 @@ Contract:
   - **plain** where the model is off the host (GPU platforms, the simulated device) but the engine core and this
     host's workers outnumber the cores: a paced reader's spin window takes a core another process needs (the
     simulated device at TP=2 on 2 cores: decode 1.27x vLLM's plain against 0.99x paced; docs/vllm.md).
+  - **plain** in a container with a CPU limit (the cgroup's CFS quota, ``hotloop.host_cpu``, counted as the host's
+    cores where it is below the affinity's) that the front end, the engine core and this host's workers
+    outnumber: every thread of the container spends the quota, and once it is spent the whole container stops
+    until the next 100 ms period, so a spin window there delays every request (the front end counts here: it
+    spends the same quota).
+  - **yield budget, cap 1000 us, then the plain park**, where the model is off the host and the engine core and
+    this host's workers fit its cores but the front end makes them one too many (TP=1 on two cores): a step's
+    host work can then outlast its device time (every wake-up is on the step's path), and a reader that yields
+    keeps its core where nothing else wants it and hands it over where the front end does, without a park and
+    a wake-up. Its budget follows the waits (below): where the device's step is long (waits above the cap on
+    average) it parks at once, the plain wait. Measured (``python -m hotloop.bench.vllm.regimes --regime
+    host-bound,device-bound --quick --rounds 2 --tp-sizes 1 --arms vllm,hotloop,hotloop-yield``, 2-vCPU VM, TP=1,
+    medians of 2 within-round ratios to vLLM's queue, this budget against the paced wait): host-bound (1300+2)
+    decode tok/s 0.90 against 0.75, ITL p50 1.20 / 1.05 against 1.36 / 1.16 (arrivals / Poisson), single
+    request 1.00 against 0.90; device-bound (6500+2) level in every figure, the reads' waiting CPU 0.02x vLLM's
+    against 0.04-0.06x. At TP=2 (the engine core and two workers outnumber the cores) the plain wait stays: the
+    budget measured decode 0.88x against the plain wait's 0.98x.
   - **paced** everywhere else (a core per process, the model off the host): see below.
   The choice and its reason are logged once per process (``vllm.hotloop``, INFO) and kept in ``chosen``.
 
@@ -31,6 +48,11 @@ Contract:
   reader's CPU, against 34.8 us (32.0-54.8) for the plain wait at 3.7 % and 14.4 us (11.7-18.0) spinning; p99 289
   us against 801 and 567 (wait_policy.h says why a hit costs more than spinning on this VM).
 
+- Chained reads (``chained_reads.py``; ``HOTLOOP_VLLM_CHAINS=0`` turns them off): where the rule gives no yield
+  budget, a read that follows a message whose follower has come within ``CHAIN_GAP_US`` on average (a step's
+  ``execute_model`` broadcast, followed by its ``sample_tokens``) yields through the gap for up to
+  ``CHAIN_YIELD_US`` before it parks. ``chain_stats()`` counts, per kind of the message before, the reads, those
+  that parked and those chained, for every reader of the process.
 - One object per reader queue (the thread that dequeues from it). ``read(read_fn, timeout)`` calls
   ``read_fn(timeout)`` (the queue's own timed dequeue) at most twice: first with a yield budget, under a policy
   that spins 20 us then calls ``sched_yield()`` until the budget ends (the process stays runnable, so the step
@@ -57,8 +79,11 @@ import dataclasses
 import os
 import sys
 import time
+import weakref
 
+from hotloop import host_cpu
 from hotloop._core import WaitPolicy
+from hotloop.vllm.chained_reads import ChainedReads, kind_of, merged
 
 _SPIN_US = 20.0
 
@@ -68,8 +93,11 @@ _SPIN_US = 20.0
 # the engine core's (the step's compute) 2.5-7 ms at TP=2 and ~2.5 ms at TP=1 batch 16, above it: it parks.
 HOST_COMPUTE_YIELD_US = 1000.0
 # The cores this process may run on, read once when the plugin loads it (vLLM's CPU workers narrow their own
-# affinity later, when they bind their OpenMP threads).
-HOST_CORES = len(os.sched_getaffinity(0))
+# affinity later, when they bind their OpenMP threads), and its cgroup's CPU quota in cores (a container's CPU
+# limit; None: none). The rule counts the smaller of the two as the host's cores.
+HOST_AFFINITY = len(os.sched_getaffinity(0))
+HOST_QUOTA = host_cpu.cpu_quota()
+HOST_CORES = min(float(HOST_AFFINITY), HOST_QUOTA) if HOST_QUOTA is not None else float(HOST_AFFINITY)
 _FLAG_ON, _FLAG_OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -90,15 +118,20 @@ class ReaderWait:
 chosen: list[tuple[str, ReaderWait]] = []  # (queue name, its wait) for each reader attached in this process
 
 
-def paced_enabled() -> bool:
-    """Whether HOTLOOP_VLLM_PACED leaves the paced wait on (unset or 1/true/yes/on; 0/false/no/off turns it off).
-    The engine-core loop's wait follows this switch alone."""
-    env = os.environ.get("HOTLOOP_VLLM_PACED", "").strip().lower()
+def _switch_on(name: str) -> bool:
+    """Whether switch `name` is on: unset or 1/true/yes/on; 0/false/no/off: off; anything else raises."""
+    env = os.environ.get(name, "").strip().lower()
     if env in ("",) + _FLAG_ON:
         return True
     if env in _FLAG_OFF:
         return False
-    raise ValueError(f"HOTLOOP_VLLM_PACED must be 0/false/no/off or 1/true/yes/on, got {env!r}")
+    raise ValueError(f"{name} must be 0/false/no/off or 1/true/yes/on, got {env!r}")
+
+
+def paced_enabled() -> bool:
+    """Whether HOTLOOP_VLLM_PACED leaves the paced wait on (unset or 1/true/yes/on; 0/false/no/off turns it off).
+    The engine-core loop's wait follows this switch alone."""
+    return _switch_on("HOTLOOP_VLLM_PACED")
 
 
 def cap_us() -> float | None:
@@ -131,9 +164,11 @@ def model_on_host() -> bool:
         return False
 
 
-def choose(local_workers: int, on_host: bool | None = None, cores: int | None = None) -> ReaderWait:
+def choose(local_workers: int, on_host: bool | None = None, cores: float | None = None,
+           quota: float | None = None) -> ReaderWait:
     """The wait of a shared-memory reader in a deployment with `local_workers` workers on this host (the module
-    docstring's rule; `on_host` and `cores` default to model_on_host() and HOST_CORES)."""
+    docstring's rule; `on_host`, `cores` and `quota` default to model_on_host(), HOST_CORES and HOST_QUOTA).
+    `cores` is what the process may use: its affinity's cores, or the quota where that is smaller."""
     cap = cap_us()  # first: a bad setting fails the attach, not a step later
     paced_env = os.environ.get("HOTLOOP_VLLM_PACED", "").strip()
     if cap:
@@ -144,23 +179,44 @@ def choose(local_workers: int, on_host: bool | None = None, cores: int | None = 
         why = f"HOTLOOP_VLLM_PACED={paced_env}" if paced_env else "HOTLOOP_VLLM_YIELD_US=0"
         return ReaderWait("paced" if paced else "plain", 0.0, why)
     on_host = model_on_host() if on_host is None else on_host
-    cores = HOST_CORES if cores is None else cores
+    if cores is None:
+        cores, quota = HOST_CORES, HOST_QUOTA if quota is None else quota
+    limited = quota is not None and quota <= cores
+    cores = min(cores, quota) if quota is not None else cores
     processes = 1 + max(1, local_workers)
     if on_host:
         return ReaderWait("yield", HOST_COMPUTE_YIELD_US, "the model computes on this host's cores (vLLM's CPU "
                           "platform): readers yield through the other side's turn, then park")
+    if limited:
+        # Under a quota every thread of the cgroup spends it, the front end's too (it serves the requests and
+        # streams the tokens): it counts beside the engine core and the workers.
+        processes += 1
+        if processes > cores:
+            return ReaderWait("plain", 0.0, f"a CPU quota of {quota:g} core(s) (the cgroup's cpu.max / "
+                              f"cfs_quota_us), below the front end, the engine core and {processes - 2} "
+                              "worker(s): a spin would spend the quota every process of the container needs")
+        return ReaderWait("paced", 0.0, f"a CPU quota of {quota:g} core(s), a core of it per process ({processes}"
+                          " with the front end), the model off the host's cores")
     if processes > cores:
         return ReaderWait("plain", 0.0, f"the engine core and {processes - 1} worker(s) outnumber this host's "
-                          f"{cores} core(s)")
-    return ReaderWait("paced", 0.0, f"a core per process ({processes} processes, {cores} cores), the model off "
+                          f"{cores:g} core(s)")
+    if processes + 1 > cores:
+        return ReaderWait("yield", HOST_COMPUTE_YIELD_US, f"the front end, the engine core and {processes - 1} "
+                          f"worker(s) outnumber this host's {cores:g} core(s): readers yield through short waits "
+                          "(a host-bound step), park at once through long ones (a device-bound step)")
+    return ReaderWait("paced", 0.0, f"a core per process ({processes} processes, {cores:g} cores), the model off "
                       "the host's cores")
 
 
 class StepPacedWait:
     """The yield-then-park wait of one reader (see the module docstring)."""
 
-    def __init__(self, park_policy: WaitPolicy | None = None, cap: float | None = None):
-        """cap: the yield budget's cap in microseconds (default HOTLOOP_VLLM_YIELD_US's, 0 when unset)."""
+    def __init__(self, park_policy: WaitPolicy | None = None, cap: float | None = None, parks=None,
+                 chains: bool | None = None):
+        """cap: the yield budget's cap in microseconds (default HOTLOOP_VLLM_YIELD_US's, 0 when unset); parks: a
+        function returning the reader's kernel sleeps so far (MessageQueue.parks), for the chain counters; chains:
+        whether a read that follows the first message of a chain yields through the gap (default
+        HOTLOOP_VLLM_CHAINS, on unless 0/false/no/off; chained_reads.py)."""
         cap = cap_us() if cap is None else cap  # read once: a bad HOTLOOP_VLLM_YIELD_US fails the attach
         self.cap_s = (cap or 0.0) / 1e6
         self.park_policy = park_policy if park_policy is not None else WaitPolicy()
@@ -168,6 +224,10 @@ class StepPacedWait:
         self.ema_s = -1.0  # no history yet: the first wait yields the whole cap
         self.yielded = 0  # waits that ended within the yield budget
         self.parked = 0  # waits that went on to park
+        self.parks = parks or (lambda: 0)
+        self.chains = chains_enabled() if chains is None else chains
+        self.chain = ChainedReads()
+        _readers.add(self)
 
     def budget_s(self, cap_s: float) -> float:
         return 0.0 if cap_s <= 0 or self.ema_s > cap_s else cap_s
@@ -178,10 +238,17 @@ class StepPacedWait:
 
     def read(self, read_fn, set_policy, timeout: float | None):
         """read_fn(timeout) under the yield policy, then under the park policy; set_policy(policy) installs the
-        policy the queue's next read uses."""
+        policy the queue's next read uses. The yield budget is the cap's (see the module docstring) or, where that
+        is 0, the chain's (chained_reads.py)."""
         cap_s = self.cap_s
         budget = self.budget_s(cap_s)
+        chained = False
+        if budget <= 0 and self.chains:
+            budget = self.chain.budget_s()
+            chained = budget > 0
+        parks0 = self.parks()
         t0 = time.perf_counter()
+        out = _NOTHING
         try:
             if budget > 0 and (timeout is None or timeout > budget):
                 self.yield_policy.yield_us = budget * 1e6
@@ -197,6 +264,25 @@ class StepPacedWait:
                 if timeout is not None:
                     timeout = max(0.0, timeout - (time.perf_counter() - t0))
             self.parked += 1
-            return read_fn(timeout)
+            out = read_fn(timeout)
+            return out
         finally:
-            self._record(time.perf_counter() - t0, cap_s)
+            waited = time.perf_counter() - t0
+            self._record(waited, cap_s)
+            if out is not _NOTHING:
+                self.chain.record(kind_of(out), waited, self.parks() > parks0, chained)
+
+
+_NOTHING = object()
+_readers: weakref.WeakSet = weakref.WeakSet()  # every StepPacedWait of this process, for chain_stats()
+
+
+def chains_enabled() -> bool:
+    """Whether HOTLOOP_VLLM_CHAINS leaves chained reads on (unset or 1/true/yes/on; 0/false/no/off: off)."""
+    return _switch_on("HOTLOOP_VLLM_CHAINS")
+
+
+def chain_stats(_self=None) -> dict[str, dict]:
+    """Every reader of this process: per kind of the message before a read, its reads, parks, chained reads and
+    summed wait (chained_reads.py). Runs as a vLLM worker's collective_rpc or an engine core's utility call too."""
+    return merged([r.chain.stats() for r in list(_readers)])

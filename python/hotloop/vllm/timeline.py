@@ -19,7 +19,8 @@ Contract:
 - Reading the stamps (each call returns what was recorded since the last and forgets it; at most 65536 records):
   ``call_utility_async("hotloop_timeline")`` on the engine core returns ``{"requests": {id: [arrived, scheduled,
   during_step, preprocessed]}, "steps": [[step, broadcast, sample_broadcast, response_read, outputs_made,
-  [new request ids]]]}``;
+  [new request ids]]], "reader_chains": step_wait.chain_stats(), ...`` (hotloop's readers' chain counters since they
+  attached; {} on vLLM's queue), "read_cpu": read_cpu.totals() (None unless HOTLOOP_VLLM_READ_CPU)}``;
   ``collective_rpc("hotloop_timeline")`` returns each worker's ``[[step, read, done, sample_read,
   sample_done]]`` (None where the call did not happen); ``call_utility_async("hotloop_queue_waits")`` returns the
   engine core's queue waits alone (``{"request_ids", "waits_us", "during_step"}``).
@@ -125,7 +126,10 @@ def core_timeline(self=None) -> dict:
     steps = []
     while _steps and _steps[0][3] is not None:  # steps answer in order: the answered ones come first
         steps.append(_steps.popleft())
-    return {"requests": done, "steps": steps}
+    step_wait = sys.modules.get("hotloop.vllm.step_wait")  # hotloop's readers here: their chain counters so far
+    read_cpu = sys.modules.get("hotloop.vllm.read_cpu")  # HOTLOOP_VLLM_READ_CPU: the reads' CPU so far
+    return {"requests": done, "steps": steps, "reader_chains": step_wait.chain_stats() if step_wait else {},
+            "read_cpu": read_cpu.totals() if read_cpu else None}
 
 
 def queue_waits(self=None) -> dict:

@@ -7,6 +7,8 @@ By what each module measures:
   engine-core loop), on vLLM's CPU build or the simulated device; latency, throughput, CPU by process, idle CPU.
 - ``online``: ``hotloop bench vllm --device sim --online``: the same shapes through ``vllm serve`` and ``vllm bench
   serve``, so the latency figures are vLLM's own.
+- ``regimes``: ``hotloop bench vllm --device sim``: the offline (or online) run once per host regime: device-bound,
+  a pod with a CPU quota (1.5 and 1 core), host-bound.
 - ``batch``: the batch rows of ``hotloop bench vllm``: the offline ``LLM.generate`` API at batch 1 and 16 on vLLM's
   CPU build, vLLM's queue against hotloop's default wait (``python -m hotloop.bench.vllm.batch`` for A/B runs).
 - ``broadcast``: the step broadcast's cost to its writer at TP=4 on two nodes, vLLM's MessageQueue against
@@ -20,7 +22,7 @@ engine runs its arm, outputs compared across arms), ``processes`` (the CPU of a 
 threads, by kind and idle), ``driver`` (``Driver``: one offline ``LLM.generate`` engine in a process of its own, for
 the batch rows and the vLLM tests). Imports go one way: ``offline`` imports ``online`` and ``batch``; they and
 ``omni`` import ``arms``, ``driver``, ``processes``, which import only ``hotloop.bench.proc`` and ``report``;
-nothing imports ``offline``.
+only ``regimes`` imports ``offline``.
 
 Importing this package imports nothing: each module imports vLLM only inside the functions that run it.
 """

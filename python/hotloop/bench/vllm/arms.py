@@ -6,7 +6,8 @@ engine runs the arm it was started as, and what compares the arms' results.
   ``hotloop.vllm.engine_loop``), and with ``-plain`` the last two with their readers' plain wait. ``arm_env(tp,
   arm, device)`` is the environment of an engine of that arm (``HOTLOOP_VLLM``, ``HOTLOOP_VLLM_LOOP``, ...).
 - ``shapes(quick, device)``: the loads of ``offline`` and ``online`` (``Shape``: n requests, token counts, rate).
-- ``worker_queue_class``, ``worker_reader_wait``, ``worker_sim_device`` run in each worker (``collective_rpc``);
+- ``worker_queue_class``, ``worker_reader_wait``, ``worker_reader_chains``, ``worker_read_cpu``,
+  ``worker_sim_device`` run in each worker (``collective_rpc``);
   ``check_queue_class`` raises unless every worker runs the arm's queue.
 - ``compare_outputs`` / ``identical_goal``: outputs compared across arms and rounds; ``cpu_rows``: the per-process
   CPU rows of a table.
@@ -28,7 +29,10 @@ ARMS = ("vllm", "hotloop", "hotloop+loop")  # vLLM's queue and loop; hotloop's q
 SIM_ARMS = ("vllm", "vllm+spinloop", "hotloop", "hotloop+loop")
 BIND = {1: "0", 2: "0|1", 4: "0|1|0|1"}  # TP=4 on the simulated device: its forwards cost no CPU
 # selectable with --arms: hotloop's arms with the readers' plain wait (HOTLOOP_VLLM_PACED=0) instead of the paced one
-EXTRA_ARMS = ("hotloop-plain", "hotloop+loop-plain")
+# and hotloop's arms without chained reads (HOTLOOP_VLLM_CHAINS=0: the read after a step's first broadcast parks)
+# and hotloop's arms with a 1 ms yield budget before the park (HOTLOOP_VLLM_YIELD_US=1000, the CPU build's default)
+EXTRA_ARMS = ("hotloop-plain", "hotloop+loop-plain", "hotloop-nochain", "hotloop+loop-nochain", "hotloop-yield",
+              "hotloop+loop-yield")
 
 
 def arms_for(device: str) -> tuple[str, ...]:
@@ -42,9 +46,14 @@ def arm_env(tp: int, arm: str, device: str = "cpu") -> dict:
     # the readers' wait: the plain arms' forced, the others' the host's default (step_wait.choose) unless the
     # bench's own environment sets it
     plain = {"HOTLOOP_VLLM_PACED": "0"} if arm.endswith("-plain") else {}
+    if arm.endswith("-nochain"):
+        plain["HOTLOOP_VLLM_CHAINS"] = "0"
+    if arm.endswith("-yield"):
+        plain["HOTLOOP_VLLM_YIELD_US"] = "1000"
     return dict(os.environ, **sim, **plain, HOTLOOP_VLLM="0" if arm.startswith("vllm") else "1",
                 VLLM_USE_SPINLOOP_EXT="1" if arm == "vllm+spinloop" else "0",
                 HOTLOOP_VLLM_LOOP="1" if arm.startswith("hotloop+loop") else "0", HOTLOOP_VLLM_TIMELINE="1",
+                HOTLOOP_VLLM_READ_CPU="1",
                 VLLM_CPU_KVCACHE_SPACE="1",
                 VLLM_CPU_OMP_THREADS_BIND=BIND.get(tp, "auto"), TOKENIZERS_PARALLELISM="false",
                 VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
@@ -102,6 +111,20 @@ def worker_reader_wait(_worker=None):
     return [(w.kind, w.cap_us, w.why) for _name, w in step_wait.chosen] if step_wait else []
 
 
+def worker_reader_chains(_worker=None):
+    """Runs in each worker (collective_rpc): its hotloop readers' chain counters so far
+    (hotloop.vllm.step_wait.chain_stats), {} on vLLM's own queue."""
+    step_wait = sys.modules.get("hotloop.vllm.step_wait")
+    return step_wait.chain_stats() if step_wait else {}
+
+
+def worker_read_cpu(_worker=None):
+    """Runs in each worker (collective_rpc): its queue reads' thread CPU so far (hotloop.vllm.read_cpu.totals), None
+    unless HOTLOOP_VLLM_READ_CPU is on."""
+    read_cpu = sys.modules.get("hotloop.vllm.read_cpu")
+    return read_cpu.totals() if read_cpu else None
+
+
 def worker_sim_device(_worker=None):
     """Runs in each worker (collective_rpc): the simulated device's step times and TP rank, or None when the model
     computes for real."""
@@ -156,3 +179,16 @@ def sim_spec() -> tuple[float, float]:
     from hotloop.testing.device_clock import DEFAULT_BASE_US, DEFAULT_PER_TOKEN_US
 
     return DEFAULT_BASE_US, DEFAULT_PER_TOKEN_US
+
+
+def chain_delta(before: dict, after: dict) -> dict:
+    """Chain counters (per kind: reads, parks, chained, wait_us) over a span: after - before."""
+    return {k: {f: v - before.get(k, {}).get(f, 0) for f, v in c.items()} for k, c in after.items()
+            if c["reads"] - before.get(k, {}).get("reads", 0) > 0}
+
+
+def read_cpu_delta(before: dict | None, after: dict | None) -> dict | None:
+    """Queue reads' thread CPU (read_cpu.totals) over a span: after - before."""
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before[k] for k in after}

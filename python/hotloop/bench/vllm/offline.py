@@ -50,11 +50,14 @@ from hotloop.bench.proc import process_tree_cpu_seconds, tree
 from hotloop.bench.report import (NO_PLOT, Progress, Report, cdf_panel, fmt, goal_lines, median, median_range,
                                    over_rounds, percentile, pyplot, table)
 from hotloop.bench.vllm import batch
-from hotloop.bench.vllm.arms import (ARMS, EXTRA_ARMS, SIM_ARMS, Shape, arm_env, arms_for, check_queue_class,
-                                     compare_outputs, cpu_rows, identical_goal, shapes, sim_spec, worker_queue_class,
+from hotloop.bench.vllm.arms import (ARMS, EXTRA_ARMS, SIM_ARMS, Shape, arm_env, arms_for, chain_delta,
+                                     check_queue_class, compare_outputs, cpu_rows, identical_goal, shapes, sim_spec,
+                                     read_cpu_delta, worker_queue_class, worker_read_cpu, worker_reader_chains,
                                      worker_sim_device)
 from hotloop.bench.vllm.online import run as run_online
 from hotloop.bench.vllm.processes import IDLE_PARTS, cpu_by_process, idle_cpu, process_kind
+from hotloop.testing import cpu_cgroup
+from hotloop.vllm.chained_reads import merged
 
 
 def _prompt_ids(n: int, length: int, seed: int) -> list[list[int]]:
@@ -93,8 +96,12 @@ async def _run_shape(engine, shape: Shape, seed: int) -> dict:
 
     params = SamplingParams(temperature=0.0, max_tokens=shape.output_tokens, ignore_eos=True)
     prompts = _prompt_ids(shape.n, shape.prompt_tokens, seed)
-    await engine.engine_core.call_utility_async("hotloop_timeline")  # forget what came before
+    core0 = await engine.engine_core.call_utility_async("hotloop_timeline")  # forget what came before
     await engine.collective_rpc("hotloop_timeline")
+    worker_chains0 = await engine.collective_rpc(worker_reader_chains)
+    worker_reads0 = await engine.collective_rpc(worker_read_cpu)
+    group = os.environ.get(cpu_cgroup.ENV)  # the pod regime: this driver's processes share a CPU quota
+    g0 = cpu_cgroup.cpu_stat(group) if group else None
     c0, t_start = process_tree_cpu_seconds(os.getpid()), time.monotonic()
     k0 = cpu_by_process(os.getpid())
     res = await asyncio.gather(*(_one_request(engine, p, params, f"{shape.name}{i}", at, t_start)
@@ -102,11 +109,19 @@ async def _run_shape(engine, shape: Shape, seed: int) -> dict:
     span = time.monotonic() - t_start
     cpu = process_tree_cpu_seconds(os.getpid()) - c0
     k1 = cpu_by_process(os.getpid())
+    throttled = cpu_cgroup.stat_delta(g0, cpu_cgroup.cpu_stat(group)) if group else None
     cpu_pct = {k: 100.0 * (k1[k] - k0.get(k, 0.0)) / span for k in k1}
     cpu_pct["engine_core+workers"] = sum(v for k, v in cpu_pct.items() if k == "engine_core" or
                                          k.startswith("worker"))
     core = await engine.engine_core.call_utility_async("hotloop_timeline")
     worker = (await engine.collective_rpc("hotloop_timeline"))[0]
+    worker_chains1 = await engine.collective_rpc(worker_reader_chains)
+    worker_chains = [chain_delta(b, a) for b, a in zip(worker_chains0, worker_chains1)]
+    chains = {"engine_core": chain_delta(core0["reader_chains"], core["reader_chains"]),
+              "workers": merged(worker_chains)}
+    worker_reads = [read_cpu_delta(b, a) for b, a in zip(worker_reads0, await engine.collective_rpc(worker_read_cpu))]
+    reads = {"engine_core": read_cpu_delta(core0["read_cpu"], core["read_cpu"]),
+             **{f"worker{i}": r for i, r in enumerate(worker_reads)}}
     wall = (max(r["done"] for r in res) - min(r["submitted"] for r in res)) / 1e9
     tokens = sum(len(r["ids"]) for r in res)
     ttft = [(r["first"] - r["submitted"]) / 1e6 for r in res]
@@ -121,7 +136,8 @@ async def _run_shape(engine, shape: Shape, seed: int) -> dict:
             "handoff_p50_us": percentile(handoffs, 50),
             "waits_during_step": sum(v[2] for v in core["requests"].values()),
             "hops_ms": {h: median(v) for h, v in hops.items()}, "hops_n": len(hops["time to first token"]),
-            "cpu_pct": cpu_pct, "host_cpu_pct": cpu_pct["engine_core+workers"],
+            "cpu_pct": cpu_pct, "host_cpu_pct": cpu_pct["engine_core+workers"], "cgroup": throttled, "chains": chains,
+            "read_cpu": reads if all(reads.values()) else None, "tokens": tokens,
             "ttft_ms": ttft, "itl_ms": itl, "token_ids": [r["ids"] for r in res]}
 
 
@@ -193,6 +209,10 @@ def _shapes_driver(args) -> int:
                 decode = next(s for s in shapes(args.quick, args.device) if s.name == "decode")
                 out["sampled"] = await _sampled_decode(engine, decode, args.seed)
             out["idle_pct"] = idle_cpu(os.getpid())[0]
+            if os.environ.get(cpu_cgroup.ENV):  # the pod regime: every process of the engine in the cgroup
+                inside = cpu_cgroup.members(os.environ[cpu_cgroup.ENV])
+                out["outside_cgroup"] = sorted(f"{process_kind(p, c, os.getpid())} {p}"
+                                               for p, c in tree(os.getpid()).items() if p not in inside)
         finally:
             engine.shutdown()
         proto.write(json.dumps(out) + "\n")
@@ -202,21 +222,39 @@ def _shapes_driver(args) -> int:
 
 
 def run_engine(tp: int, arm: str, model: str, quick: bool, seed: int, device: str = "cpu", sync: bool = False) -> dict:
-    """One fresh engine of `arm` through every shape, in a driver process: its figures."""
-    p = subprocess.run([sys.executable, "-m", "hotloop.bench.vllm.offline", "--shapes-driver", "--tp", str(tp),
-                        "--model", model, "--seed", str(seed), "--device", device] + ["--quick"] * quick
-                       + ["--sync"] * sync,
-                       env=arm_env(tp, arm, device), stdout=subprocess.PIPE, stderr=None if os.environ.get(
-                           "HOTLOOP_BENCH_VERBOSE") else subprocess.DEVNULL, text=True, timeout=1800,
-                       start_new_session=True)
-    if p.returncode != 0 or not p.stdout.strip():
-        raise RuntimeError(f"vLLM driver TP={tp} arm {arm} failed (code {p.returncode}); rerun with "
-                           "HOTLOOP_BENCH_VERBOSE=1 to see its log")
+    """One fresh engine of `arm` through every shape, in a driver process: its figures. A failed driver's error
+    carries the last lines of its log (all of it on stderr with HOTLOOP_BENCH_VERBOSE=1)."""
+    import tempfile
+
+    verbose = bool(os.environ.get("HOTLOOP_BENCH_VERBOSE"))
+    with tempfile.TemporaryFile("w+") as log:
+        p = subprocess.run(cpu_cgroup.contained([sys.executable, "-m", "hotloop.bench.vllm.offline",
+                                                 "--shapes-driver", "--tp", str(tp), "--model", model, "--seed",
+                                                 str(seed), "--device", device] + ["--quick"] * quick
+                                                + ["--sync"] * sync),
+                           env=arm_env(tp, arm, device), stdout=subprocess.PIPE, stderr=None if verbose else log,
+                           text=True, timeout=1800, start_new_session=True)
+        if p.returncode != 0 or not p.stdout.strip():
+            log.seek(0)
+            tail = "".join([ln for ln in log.readlines() if "WARNING" not in ln][-25:])
+            raise RuntimeError(f"vLLM driver TP={tp} arm {arm} failed (code {p.returncode}); the end of its log "
+                               f"(HOTLOOP_BENCH_VERBOSE=1: all of it):\n{tail}")
     res = json.loads(p.stdout.strip().splitlines()[-1])
     check_queue_class(arm, res.pop("queue_class"))
+    outside = res.pop("outside_cgroup", None)
+    if outside:
+        raise RuntimeError(f"TP={tp} arm {arm}: processes of the engine ran outside the CPU-limited cgroup: {outside}")
     sim = res.pop("sim_device")
     if (device == "sim") != all(sim) or (device == "sim" and sorted(w["rank"] for w in sim) != list(range(tp))):
         raise RuntimeError(f"TP={tp} arm {arm}: asked for device {device!r}, the workers' simulated devices are {sim}")
+    if device == "sim":
+        from hotloop.vllm.sim_device import requested
+
+        want = requested() or sim_spec()
+        got = {(w["base_us"], w["per_token_us"]) for w in sim}
+        if got != {tuple(want)}:
+            raise RuntimeError(f"TP={tp} arm {arm}: asked for a device step of {want[0]:g}+{want[1]:g} us, the workers' "
+                               f"simulated devices run {sorted(got)}")
     if device == "sim" and {w["path"] for w in sim} != {"sync" if sync else "async"}:
         raise RuntimeError(f"TP={tp} arm {arm}: asked for the {'synchronous' if sync else 'async scheduling'} path, "
                            f"the workers run {sorted({w['path'] for w in sim})}")
@@ -266,21 +304,7 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
                          f"got {arms}")
     model = tiny_model.build(seed, heads=4 if 4 in tps else 2)
     rounds = rounds or (1 if quick else 3)
-    progress = Progress(f"bench vllm ({device})", rounds * len(tps) * len(arms))
-    raw = {(tp, arm): [] for tp in tps for arm in arms}
-    reference, differ = {}, set()
-    for rnd in range(rounds):
-        order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]  # each arm goes first in turn
-        for tp in tps:
-            for arm in order:
-                res = run_engine(tp, arm, model, quick, seed, device, sync)
-                compare_outputs(res, "token_ids", reference, differ, f"TP={tp} {arm} round {rnd + 1}")
-                raw[(tp, arm)].append(res)
-                progress.step(f"round {rnd + 1} TP={tp} {arm}: poisson TTFT p50 "
-                              f"{res['poisson']['ttft_p50_ms']:.1f} ms, decode {res['decode']['tok_per_s']:.0f} "
-                              f"tok/s, host CPU {res['decode']['host_cpu_pct']:.0f} %, idle "
-                              f"{res['idle_pct']['tree']:.1f} %")
-    progress.close()
+    raw, reference, differ = _run_rounds(rounds, tps, arms, model, quick, seed, device, sync)
     data = summarize(raw, tps, quick, rounds, arms, device)
     data.update({"vllm_version": version, "supported": list(SUPPORTED_VLLM_VERSIONS), "seed": seed,
                  "identical_greedy_outputs": not differ, "outputs_differ": sorted(differ), "device": device,
@@ -301,6 +325,27 @@ def run(quick: bool = False, rounds: int | None = None, tps=None, seed: int = 0,
     if plot_path:
         text.append(_plot(data, raw, tps, plot_path))
     return data, text
+
+
+def _run_rounds(rounds: int, tps, arms, model: str, quick: bool, seed: int, device: str, sync: bool):
+    """Every TP and arm for `rounds` rounds, the arm that goes first rotating each round: (raw: (tp, arm) -> each
+    round's figures, reference: the first engine's outputs per shape, differ: the runs whose outputs differ from them)."""
+    progress = Progress(f"bench vllm ({device})", rounds * len(tps) * len(arms))
+    raw = {(tp, arm): [] for tp in tps for arm in arms}
+    reference, differ = {}, set()
+    for rnd in range(rounds):
+        order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]  # each arm goes first in turn
+        for tp in tps:
+            for arm in order:
+                res = run_engine(tp, arm, model, quick, seed, device, sync)
+                compare_outputs(res, "token_ids", reference, differ, f"TP={tp} {arm} round {rnd + 1}")
+                raw[(tp, arm)].append(res)
+                progress.step(f"round {rnd + 1} TP={tp} {arm}: poisson TTFT p50 "
+                              f"{res['poisson']['ttft_p50_ms']:.1f} ms, decode {res['decode']['tok_per_s']:.0f} "
+                              f"tok/s, host CPU {res['decode']['host_cpu_pct']:.0f} %, idle "
+                              f"{res['idle_pct']['tree']:.1f} %")
+    progress.close()
+    return raw, reference, differ
 
 
 def outputs_digest(outputs: dict) -> dict[str, str]:
@@ -328,14 +373,45 @@ def summarize(raw: dict, tps, quick: bool, rounds: int, arms=ARMS, device: str =
                 per[arm]["cpu_pct"] = {k: median([r["cpu_pct"].get(k, 0.0) for r in runs])
                                        for k in sorted(set().union(*(r["cpu_pct"] for r in runs)))}
                 if arm != "vllm":
-                    own = [r[shape.name] for r in raw[(tp, "vllm")]]
-                    per[f"{arm}/vLLM"] = {k: over_rounds([h[k] / o[k] if o[k] else math.nan for h, o in zip(runs, own)])
+                    own_runs = [r[shape.name] for r in raw[(tp, "vllm")]]
+                    per[f"{arm}/vLLM"] = {k: over_rounds([_ratio_or_nan(h[k], o[k]) for h, o in zip(runs, own_runs)])
                                           for k in FIGURES}
+                if all(r.get("read_cpu") for r in runs):  # exact waiting CPU (read_cpu.py), every arm alike
+                    per[arm]["read_cpu"] = {k: over_rounds([read_cpu_per_1k(r)[k] for r in runs])
+                                            for k in read_cpu_per_1k(runs[0])}
+                    if arm != "vllm" and all(r.get("read_cpu") for r in own_runs):
+                        per[f"{arm}/vLLM"]["wait_cpu"] = over_rounds(
+                            [_ratio_or_nan(read_cpu_per_1k(h)["wait_total"], read_cpu_per_1k(o)["wait_total"])
+                             for h, o in zip(runs, own_runs)])
+                if all(r.get("chains") for r in runs):  # hotloop's readers: parks after each kind of message
+                    per[arm]["chains"] = {side: merged([r["chains"][side] for r in runs])
+                                          for side in ("engine_core", "workers")}
+                if all(r.get("cgroup") for r in runs):  # the pod regime: the quota's throttling over the shape
+                    per[arm]["cgroup"] = {k: over_rounds([r["cgroup"][k] for r in runs])
+                                          for k in ("throttled_periods", "throttled_s", "periods")}
         rec["idle"] = {arm: {k: over_rounds([r["idle_pct"][k] for r in raw[(tp, arm)]]) for k in IDLE_PARTS}
                        for arm in arms}
         if all("sampled" in r for arm in arms for r in raw[(tp, arm)]):
             rec["sampled"] = _summarize_sampled({arm: [r["sampled"] for r in raw[(tp, arm)]] for arm in arms})
     return data
+
+
+def read_cpu_per_1k(run: dict) -> dict:
+    """One shape's queue reads (read_cpu.py) in CPU milliseconds per 1000 output tokens: the waiting CPU of the engine
+    core's reads, of the workers' together, both ("wait_total"), and the deserialization's ("loads_total")."""
+    per = 1000.0 / max(1, run["tokens"]) / 1e6
+    reads = run["read_cpu"]
+    workers = [v for k, v in reads.items() if k.startswith("worker")]
+    core = reads["engine_core"]
+    return {"wait_engine_core": core["wait_cpu_ns"] * per,
+            "wait_workers": sum(w["wait_cpu_ns"] for w in workers) * per,
+            "wait_total": (core["wait_cpu_ns"] + sum(w["wait_cpu_ns"] for w in workers)) * per,
+            "loads_total": (core["loads_cpu_ns"] + sum(w["loads_cpu_ns"] for w in workers)) * per,
+            "reads": core["reads"] + sum(w["reads"] for w in workers)}
+
+
+def _ratio_or_nan(a: float, b: float) -> float:
+    return a / b if b else math.nan
 
 
 def sampled_totals(run: dict) -> dict:
@@ -418,46 +494,8 @@ def goals_sim(data: dict, tps) -> list[dict]:
     out = []
     tp_all = list(tps)
     arms = data["arms"]
-
-    def ratio(tp, arm, shape, key, base="vllm"):
-        if base == "vllm":
-            return data["tp"][tp][shape][f"{arm}/vLLM"][key]["median"]
-        return (data["tp"][tp][shape][arm][key]["median"] / data["tp"][tp][shape][base][key]["median"]
-                if data["tp"][tp][shape][base][key]["median"] else math.nan)
-
     for arm in [a for a in ("hotloop", "hotloop+loop") if a in arms]:
-        thr = {f"TP={tp} {s}": ratio(tp, arm, s, "req_per_s" if s == "arrivals" else "tok_per_s") for tp in tp_all
-               for s in ("arrivals", "decode", "single")}
-        out.append({"goal": f"{arm}: req/s (arrivals) and tok/s (decode, single) >= 1.0x vLLM's",
-                    "met": all(v >= 1.0 for v in thr.values()),
-                    "detail": ", ".join(f"{k} {v:.2f}" for k, v in thr.items())})
-        lat = {f"TP={tp} {s} {k.split('_ms')[0]}": ratio(tp, arm, s, k) for tp in tp_all
-               for s in ("arrivals", "poisson") for k in ("ttft_p99_ms", "itl_p99_ms")}
-        out.append({"goal": f"{arm}: TTFT p99 and ITL p99 (arrivals, Poisson) <= 0.9x vLLM's",
-                    "met": all(v <= 0.9 for v in lat.values()),
-                    "detail": ", ".join(f"{k} {v:.2f}" for k, v in lat.items())})
-        if all("sampled" in data["tp"][tp] for tp in tp_all):
-            w = {f"TP={tp}": data["tp"][tp]["sampled"][arm]["/vllm"]["waiting_cpu_pct"]["median"] for tp in tp_all}
-            whole = {f"TP={tp}": data["tp"][tp]["sampled"][arm]["/vllm"]["measured_cpu_pct"]["median"]
-                     for tp in tp_all}
-            spin = ({f"TP={tp}": data["tp"][tp]["sampled"][arm]["/vllm+spinloop"]["waiting_cpu_pct"]["median"]
-                     for tp in tp_all} if "vllm+spinloop" in arms else {})
-            out.append({"goal": f"{arm}: waiting CPU of the engine core and workers while decoding (sampled) <= 0.05x "
-                                "vLLM's" + (" and <= 0.1x vLLM's with its spinloop extension" if spin else ""),
-                        "met": all(v <= 0.05 for v in w.values()) and all(v <= 0.1 for v in spin.values()),
-                        "detail": ", ".join(f"{k} {w[k]:.2f}" + (f" / {spin[k]:.2f}" if spin else "") +
-                                            f" (whole processes {whole[k]:.2f})" for k in w)})
-        cpu = {f"TP={tp}": ratio(tp, arm, "decode", "host_cpu_pct") for tp in tp_all}
-        if "vllm+spinloop" in arms:
-            cpu_spin = {f"TP={tp}": ratio(tp, arm, "decode", "host_cpu_pct", base="vllm+spinloop") for tp in tp_all}
-            out.append({"goal": f"{arm}: host CPU of the engine core and workers while decoding <= 0.25x vLLM's and "
-                                "<= 0.5x vLLM's with its spinloop extension",
-                        "met": all(v <= 0.25 for v in cpu.values()) and all(v <= 0.5 for v in cpu_spin.values()),
-                        "detail": ", ".join(f"{k} {cpu[k]:.2f} / {cpu_spin[k]:.2f}" for k in cpu)})
-        else:
-            out.append({"goal": f"{arm}: host CPU of the engine core and workers while decoding <= 0.25x vLLM's",
-                        "met": all(v <= 0.25 for v in cpu.values()),
-                        "detail": ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())})
+        out += _sim_arm_goals(data, arm, tp_all)
     if "hotloop+loop" in arms:
         hand = {f"TP={tp} {s}": data["tp"][tp][s]["hotloop+loop"]["handoff_p50_us"]["median"] for tp in tp_all
                 for s in ("arrivals", "poisson")}
@@ -472,6 +510,60 @@ def goals_sim(data: dict, tps) -> list[dict]:
                     "detail": ", ".join(f"TP={tp} {v:.3f} %" for tp, v in idle.items())})
     out.append(identical_goal(data, "greedy outputs"))
     return out
+
+
+def _sim_ratio(data: dict, tp, arm: str, shape: str, key: str, base: str = "vllm") -> float:
+    """`arm`'s figure over `base`'s: against vLLM the median of the within-round ratios, against another arm the
+    ratio of the medians (NaN where the base's is 0)."""
+    if base == "vllm":
+        return data["tp"][tp][shape][f"{arm}/vLLM"][key]["median"]
+    return (data["tp"][tp][shape][arm][key]["median"] / data["tp"][tp][shape][base][key]["median"]
+            if data["tp"][tp][shape][base][key]["median"] else math.nan)
+
+
+def _sim_arm_goals(data: dict, arm: str, tps: list) -> list[dict]:
+    """One hotloop arm's goals on the simulated device: throughput, tail latency, the waiting CPU (where the run
+    sampled it) and the host CPU while decoding, at every TP."""
+    out = []
+    thr = {f"TP={tp} {s}": _sim_ratio(data, tp, arm, s, "req_per_s" if s == "arrivals" else "tok_per_s")
+           for tp in tps for s in ("arrivals", "decode", "single")}
+    out.append({"goal": f"{arm}: req/s (arrivals) and tok/s (decode, single) >= 1.0x vLLM's",
+                "met": all(v >= 1.0 for v in thr.values()),
+                "detail": ", ".join(f"{k} {v:.2f}" for k, v in thr.items())})
+    lat = {f"TP={tp} {s} {k.split('_ms')[0]}": _sim_ratio(data, tp, arm, s, k) for tp in tps
+           for s in ("arrivals", "poisson") for k in ("ttft_p99_ms", "itl_p99_ms")}
+    out.append({"goal": f"{arm}: TTFT p99 and ITL p99 (arrivals, Poisson) <= 0.9x vLLM's",
+                "met": all(v <= 0.9 for v in lat.values()),
+                "detail": ", ".join(f"{k} {v:.2f}" for k, v in lat.items())})
+    if all("sampled" in data["tp"][tp] for tp in tps):
+        out.append(_sampled_waiting_goal(data, arm, tps))
+    cpu = {f"TP={tp}": _sim_ratio(data, tp, arm, "decode", "host_cpu_pct") for tp in tps}
+    if "vllm+spinloop" in data["arms"]:
+        cpu_spin = {f"TP={tp}": _sim_ratio(data, tp, arm, "decode", "host_cpu_pct", base="vllm+spinloop")
+                    for tp in tps}
+        out.append({"goal": f"{arm}: host CPU of the engine core and workers while decoding <= 0.25x vLLM's and "
+                            "<= 0.5x vLLM's with its spinloop extension",
+                    "met": all(v <= 0.25 for v in cpu.values()) and all(v <= 0.5 for v in cpu_spin.values()),
+                    "detail": ", ".join(f"{k} {cpu[k]:.2f} / {cpu_spin[k]:.2f}" for k in cpu)})
+    else:
+        out.append({"goal": f"{arm}: host CPU of the engine core and workers while decoding <= 0.25x vLLM's",
+                    "met": all(v <= 0.25 for v in cpu.values()),
+                    "detail": ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())})
+    return out
+
+
+def _sampled_waiting_goal(data: dict, arm: str, tps: list) -> dict:
+    """`arm`'s waiting CPU of the engine core and workers while decoding (sampled), against vLLM's and, where that
+    arm ran, vLLM's with its spinloop extension."""
+    w = {f"TP={tp}": data["tp"][tp]["sampled"][arm]["/vllm"]["waiting_cpu_pct"]["median"] for tp in tps}
+    whole = {f"TP={tp}": data["tp"][tp]["sampled"][arm]["/vllm"]["measured_cpu_pct"]["median"] for tp in tps}
+    spin = ({f"TP={tp}": data["tp"][tp]["sampled"][arm]["/vllm+spinloop"]["waiting_cpu_pct"]["median"]
+             for tp in tps} if "vllm+spinloop" in data["arms"] else {})
+    return {"goal": f"{arm}: waiting CPU of the engine core and workers while decoding (sampled) <= 0.05x "
+                    "vLLM's" + (" and <= 0.1x vLLM's with its spinloop extension" if spin else ""),
+            "met": all(v <= 0.05 for v in w.values()) and all(v <= 0.1 for v in spin.values()),
+            "detail": ", ".join(f"{k} {w[k]:.2f}" + (f" / {spin[k]:.2f}" if spin else "") +
+                                f" (whole processes {whole[k]:.2f})" for k in w)}
 
 
 def render(data: dict, tps, quick: bool) -> Report:
@@ -517,6 +609,12 @@ def render(data: dict, tps, quick: bool) -> Report:
                                                                   fmt(pct.get("other", 0.0), 0)])))
     if all("sampled" in data["tp"][tp] for tp in tps):
         parts.append(_sampled_table(data, tps))
+    reads = _read_cpu_table(data, tps)
+    if reads is not None:
+        parts.append(reads)
+    chains = _chain_table(data, tps)
+    if chains is not None:
+        parts.append(chains)
     parts.append(goal_lines(data["goals"]))
     parts.append("Method: one fresh engine per TP and arm (vLLM: vLLM's queue and loop; hotloop: hotloop's queue, "
                  "vLLM's loop; hotloop+loop: hotloop's queue and engine-core loop) runs every shape in turn after a "
@@ -554,11 +652,63 @@ def _sampled_table(data: dict, tps):
                  "samples)",
                  ["TP / arm", "front end", "engine core", "each worker", "of it the output thread waiting",
                   "engine core + workers waiting / measured", "waiting x vLLM", "sampler check"], rows,
-                 note="Waiting: vLLM's SpinCondition / sched_yield / zmq poll, hotloop's wait (its dequeue frame: the "
-                      "unpickling done in that call counts with it), the device event's synchronize; work: the "
-                      "rest (bench/host_samples.py, WAIT_FRAMES). Measured: every thread's schedstat over the window. "
+                 note="Waiting: vLLM's SpinCondition / sched_yield / zmq poll, hotloop's wait (its dequeue frame), "
+                      "the device event's synchronize; work: the rest (bench/host_samples.py, WAIT_FRAMES). The "
+                      "unpickling inside a read is work in both arms: HOTLOOP_VLLM_READ_CPU's timing wrapper is its "
+                      "innermost Python frame (in hotloop's arm it is called from C++ under the dequeue frame). Measured: every thread's schedstat over the window. "
                       "Medians over rounds; the ratio is the median of within-round ratios.",
                  key="sampled")
+
+
+def _read_cpu_table(data: dict, tps):
+    """Exact waiting CPU of the queue reads (read_cpu.py), shapes 'decode' and 'poisson', per 1000 output tokens."""
+    rows = []
+    for tp in tps:
+        for shape in ("decode", "poisson"):
+            for arm in data["arms"]:
+                rc = data["tp"][tp][shape][arm].get("read_cpu")
+                if rc is None:
+                    continue
+                ratio = data["tp"][tp][shape].get(f"{arm}/vLLM", {}).get("wait_cpu")
+                rows.append([f"TP={tp} {arm}", shape, median_range(rc["wait_engine_core"], 1),
+                             median_range(rc["wait_workers"], 1), median_range(rc["wait_total"], 1),
+                             median_range(ratio, 2) if ratio else "-", median_range(rc["loads_total"], 1),
+                             fmt(rc["reads"]["median"], 0)])
+    if not rows:
+        return None
+    return table("Waiting CPU of the queue reads, exact: CPU ms per 1000 output tokens (each read's thread CPU less "
+                 "its deserialization's; median (min-max) over rounds)",
+                 ["TP / arm", "shape", "engine core", "workers", "engine core + workers", "x vLLM (within round)",
+                  "deserialization (apart)", "reads"], rows, key="read_cpu",
+                 note="Every arm counted alike (hotloop.vllm.read_cpu: time.thread_time_ns around each dequeue and "
+                      "around the unpickling inside it, vLLM's pickle.loads and hotloop's loaders); the waiting CPU "
+                      "is the spin, the yields, the futex calls and the bookkeeping of the reads.")
+
+
+def _chain_table(data: dict, tps):
+    """hotloop's readers, shapes 'decode' and 'poisson': per kind of the message read before, how many of the
+    reads after it parked in the kernel, and how many were given the chain's yield budget (chained_reads.py)."""
+    rows = []
+    for tp in tps:
+        for arm in data["arms"]:
+            for shape in ("decode", "poisson"):
+                chains = data["tp"][tp][shape][arm].get("chains")
+                if not chains:
+                    continue
+                for side in ("workers", "engine_core"):
+                    for kind, c in sorted(chains[side].items()):
+                        rows.append([f"TP={tp} {arm}", shape, side.replace("_", " "), kind, c["reads"], c["parks"],
+                                     f"{100 * c['parks'] / c['reads']:.0f} %" if c["reads"] else "-", c["chained"],
+                                     fmt(c["wait_us"] / c["reads"], 0) if c["reads"] else "-"])
+    if not rows:
+        return None
+    return table("hotloop's readers: the reads after each kind of message (all rounds), how many parked in the kernel "
+                 "(a futex sleep and wake-up each) and how many yielded through the gap as a chain",
+                 ["TP / arm", "shape", "reader", "message before", "reads", "parked", "parked %", "chained",
+                  "mean wait us"], rows, key="chains",
+                 note="A worker reads a step's execute_model then its sample_tokens, tens of us apart; a read after "
+                      "a kind whose follower came within 200 us on average yields up to 300 us before it parks "
+                      "(HOTLOOP_VLLM_CHAINS=0: off).")
 
 
 def _hop_names():

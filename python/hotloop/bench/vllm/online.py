@@ -30,6 +30,7 @@ from hotloop.bench.proc import tree
 from hotloop.bench.report import Progress, Report, fmt, goal_lines, median, median_range, over_rounds, table
 from hotloop.bench.vllm.arms import SIM_ARMS, arm_env, compare_outputs, cpu_rows, identical_goal, shapes, sim_spec
 from hotloop.bench.vllm.processes import IDLE_PARTS, cpu_by_process, idle_cpu
+from hotloop.testing import cpu_cgroup
 
 FIGURES = {"req_per_s": ("req/s", 1), "tok_per_s": ("tok/s", 0), "ttft_p50_ms": ("TTFT p50 ms", 1),
            "ttft_p99_ms": ("TTFT p99 ms", 1), "itl_p50_ms": ("ITL p50 ms", 2), "itl_p99_ms": ("ITL p99 ms", 2),
@@ -54,11 +55,12 @@ class Server:
         self.tp, self.arm, self.model, self.port = tp, arm, model, _free_port()
         env = arm_env(tp, arm, "sim")
         env.pop("HOTLOOP_VLLM_TIMELINE", None)  # vLLM's own figures, nothing of hotloop's added to the arms
-        self.proc = subprocess.Popen(
+        env.pop("HOTLOOP_VLLM_READ_CPU", None)
+        self.proc = subprocess.Popen(cpu_cgroup.contained(  # the pod regime: the server born in the cgroup
             _launch("serve", model, "--host", "127.0.0.1", "--port", str(self.port), "--tensor-parallel-size",
                     str(tp), "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "16",
                     "--enforce-eager", "--seed", "0", "--distributed-executor-backend", "mp",
-                    *(["--no-async-scheduling"] if sync else [])),
+                    *(["--no-async-scheduling"] if sync else []))),
             env=env, stdout=_LOG, stderr=_LOG, start_new_session=True)
         deadline = time.monotonic() + start_timeout_s
         while not self._healthy():
@@ -92,14 +94,17 @@ class Server:
         # line vLLM's client prints as it starts the run to the line that opens its result
         client = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                   env=dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", PYTHONUNBUFFERED="1"))
-        k0 = k1 = None
+        k0 = k1 = throttled = None
+        group = os.environ.get(cpu_cgroup.ENV)  # the pod regime: the server's processes share a CPU quota
         lines = []
         for line in client.stdout:
             lines.append(line)
             if k0 is None and line.startswith("Starting main benchmark run"):
                 k0, t0 = cpu_by_process(self.proc.pid), time.monotonic()
+                g0 = cpu_cgroup.cpu_stat(group) if group else None
             elif k0 is not None and k1 is None and "Serving Benchmark Result" in line:
                 k1, span = cpu_by_process(self.proc.pid), time.monotonic() - t0
+                throttled = cpu_cgroup.stat_delta(g0, cpu_cgroup.cpu_stat(group)) if group else None
         rc = client.wait(timeout=60)
         if rc != 0 or k1 is None:
             raise RuntimeError(f"vllm bench serve (TP={self.tp}, arm {self.arm}, shape {shape.name}) failed "
@@ -114,7 +119,7 @@ class Server:
                 "ttft_p50_ms": res["median_ttft_ms"], "ttft_p99_ms": res["p99_ttft_ms"],
                 "itl_p50_ms": res["median_itl_ms"], "itl_p99_ms": res["p99_itl_ms"],
                 "host_cpu_pct": sum(v for k, v in pct.items() if k == "engine_core" or k.startswith("worker")),
-                "front_end_pct": pct.get("front_end", 0.0), "cpu_pct": pct,
+                "front_end_pct": pct.get("front_end", 0.0), "cpu_pct": pct, "cgroup": throttled,
                 "texts": res.get("generated_texts", [])}
 
     def processes(self) -> dict[int, str]:
@@ -142,6 +147,12 @@ def run_server(tp: int, arm: str, model: str, quick: bool, seed: int, sync: bool
             res = {shape.name: server.bench(shape, seed, out_dir) for shape in shapes(quick, "sim")}
         res["idle_pct"] = idle_cpu(server.proc.pid)[0]
         res["process_titles"] = sorted(set(server.processes().values()))
+        if os.environ.get(cpu_cgroup.ENV):  # the pod regime: every process of the server in the cgroup
+            inside = cpu_cgroup.members(os.environ[cpu_cgroup.ENV])
+            outside = sorted(f"{c} {p}" for p, c in server.processes().items() if p not in inside)
+            if outside:
+                raise RuntimeError(f"TP={tp} arm {arm}: processes of vllm serve ran outside the CPU-limited cgroup: "
+                                   f"{outside}")
     finally:
         server.close()
     return res
@@ -195,6 +206,9 @@ def summarize(raw: dict, tps, quick: bool, rounds: int, arms) -> dict:
                 per[arm] = {k: over_rounds([r[k] for r in runs]) for k in FIGURES}
                 per[arm]["cpu_pct"] = {k: median([r["cpu_pct"].get(k, 0.0) for r in runs])
                                        for k in sorted(set().union(*(r["cpu_pct"] for r in runs)))}
+                if all(r.get("cgroup") for r in runs):  # the pod regime: the quota's throttling over the run
+                    per[arm]["cgroup"] = {k: over_rounds([r["cgroup"][k] for r in runs])
+                                          for k in ("throttled_periods", "throttled_s", "periods")}
                 if arm != "vllm":
                     per[f"{arm}/vLLM"] = {k: over_rounds([h[k] / o[k] if o[k] else float("nan")
                                                           for h, o in zip(runs, own)]) for k in FIGURES}

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 
+from hotloop.bench.proc import alive, cmdline
 from hotloop.bench.report import Report, percentile, print_result, table
 from hotloop.testing.netns import Nodes
 from hotloop.testing.ray_cluster import RayCluster
@@ -50,12 +51,18 @@ QUEUES = ("vllm", "hotloop")
 PLACEMENTS = ("split", "driver-alone")
 
 
-def _alive(pid: int) -> bool:
+def _described(pid: int) -> str:
+    """A live process for a report: its pid, its state letter (/proc/PID/stat) and its command line."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            state = f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
+        return f"{pid} (gone while read)"
+    line = cmdline(pid)
+    if line is None:
+        return f"{pid} (gone while read)"
+    text = line.replace(b"\0", b" ").decode(errors="replace").strip()
+    return f"{pid} {state} {text[:200]}"
 
 
 class Deployment:
@@ -118,9 +125,11 @@ class Deployment:
             raise RuntimeError(f"generate did not answer: {got}; see {self.log_path}")
         return got["outputs"]
 
-    def partition(self, n: int = 4, rank: int | None = None, timeout: float = 180) -> dict:
+    def partition(self, n: int = 4, rank: int | None = None, timeout: float = 180, heal: bool = True) -> dict:
         """n long requests; the node of `rank` (default: the last rank's) cut once each streamed a token; returns
-        when all ended (healed then)."""
+        when all ended, healed then unless `heal` is False (the caller heals ``self.nodes.heal(got["node"])``; a
+        failure heals at once). Healed at once, the executor's ``ray.kill`` may reach a cut rank before that rank's
+        own timer ends it (so it leaves no line of its own)."""
         node = self.ready["workers"][self.tp - 1 if rank is None else rank]["node"]
         if node == "head":
             raise ValueError(f"rank {rank} is on the head's node, with the engine core: cut a rank on another node")
@@ -130,10 +139,12 @@ class Deployment:
             raise RuntimeError(f"the requests did not start: {serving}; see {self.log_path}")
         cut_at = time.monotonic()
         self.nodes.cut(node)
+        got = {}
         try:
             got = self._line(timeout)
         finally:
-            self.nodes.heal(node)
+            if heal or "ended" not in got:
+                self.nodes.heal(node)
         if "ended" not in got:
             raise RuntimeError(f"the requests did not end within {timeout} s of the cut; see {self.log_path}")
         return {"cut_at": cut_at, "node": node, "ended": got["ended"]}
@@ -202,19 +213,19 @@ class Deployment:
         return "\n".join(parts)
 
     def left(self, within_s: float = 10.0) -> dict:
-        """Rank processes still alive (waited for up to `within_s`) and hotloop /dev/shm segments made by the
-        engine's processes."""
+        """Rank processes still alive (waited for up to `within_s`), each as "pid state command line" (so a failed
+        check says what stayed), and hotloop /dev/shm segments made by the engine's processes."""
         pids = [w["pid"] for w in self.ready.get("workers", [])]
         pids += [p for p in (self.ready.get("engine_core"), self.driver.pid if self.driver else None) if p]
         deadline = time.monotonic() + within_s
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         mine = {str(p) for p in pids}
         segments = [f for f in os.listdir("/dev/shm") if f.startswith("hotloop-") and len(f.split("-")) > 2
                     and (f.split("-")[2] in mine or (f.startswith("hotloop-node-") and f not in self._shm_before))]
         segments += [f for f in os.listdir("/dev/shm")
                      if f.startswith("hotloop.devclock.") and f not in self._shm_before]
-        return {"alive": [p for p in pids if _alive(p)], "segments": sorted(segments)}
+        return {"alive": [_described(p) for p in pids if alive(p)], "segments": sorted(segments)}
 
     def close(self) -> None:
         if self.driver is not None:
