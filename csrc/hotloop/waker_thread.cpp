@@ -69,17 +69,6 @@ struct ThreadHelper {
 };
 thread_local ThreadHelper t_helper;
 
-// Whether a signal that `mask` (the calling thread's own mask) lets through is pending for this thread: one that
-// will be handled as soon as the thread restores that mask.
-bool unblocked_signal_pending(const sigset_t& mask) noexcept {
-  sigset_t pending;
-  if (sigpending(&pending) != 0) return false;
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sigismember(&pending, sig) == 1 && sigismember(&mask, sig) == 0) return true;
-  }
-  return false;
-}
-
 // Starts this thread's helper and returns once it runs. Sets *interrupted: a signal may have reached the calling
 // thread meanwhile, its handler then run (at the mask's restore, or during the wait for the helper), and the park
 // must not sleep as if it had not; the caller checks (one spurious wake-up a thread, on its first park). nullptr

@@ -87,21 +87,16 @@ def cmd_bench(args) -> int:
     from hotloop.bench import BENCHMARKS
     from hotloop.bench.vllm import offline, omni, ray_executor, regimes
 
-    names = args.names or list(BENCHMARKS)
-    if _torch_version() is None:
-        named = [n for n in args.names if n in NEEDS_TORCH]
-        if named:
-            print(f"hotloop bench {' '.join(named)}: runs the engine, which needs PyTorch; {NO_TORCH}", file=sys.stderr)
-            return 2
-        if not args.names:
-            print(f"hotloop bench: skipping {', '.join(NEEDS_TORCH)}: {NO_TORCH}", file=sys.stderr)
-            names = [n for n in names if n not in NEEDS_TORCH]
-    # only when named: they need vLLM (and vllm-omni) and take minutes
-    BENCHMARKS = {**BENCHMARKS, "vllm": offline.run, "vllm-omni": omni.run, "vllm-ray": ray_executor.run}
-    unknown = [n for n in names if n not in BENCHMARKS]
-    if unknown:
-        print(f"hotloop bench: unknown benchmark(s) {unknown}; choose from {sorted(BENCHMARKS)}", file=sys.stderr)
+    # vllm, vllm-omni and vllm-ray only when named: they need vLLM (and vllm-omni) and take minutes
+    benchmarks = {**BENCHMARKS, "vllm": offline.run, "vllm-omni": omni.run, "vllm-ray": ray_executor.run}
+    names = _bench_names(args, list(BENCHMARKS), benchmarks)
+    if names is None:
         return 2
+    if args.regime and args.device != "sim":
+        print("hotloop bench vllm: --regime picks the simulated device's host regime: add --device sim",
+              file=sys.stderr)
+        return 2
+    regime_names = regimes.names(args.regime) if args.device == "sim" else ()
     quick = not args.full
     record = {"info": info(), "quick": quick, "results": {}}
     report = os.path.abspath(args.report) if args.report else None
@@ -109,48 +104,75 @@ def cmd_bench(args) -> int:
         os.makedirs(report, exist_ok=True)
     engine_plot = args.plot or (os.path.join(report, "engine-latency.png") if report else None)
     plots = {"engine": [engine_plot]} if engine_plot else {}
+    vllm_plot = os.path.join(report, "vllm.png") if report else None  # the regimes' plots are named after it
     if report:
-        plots["vllm"] = [os.path.join(report, "vllm.png")]
+        plots["vllm"] = [regimes.plot_path_of(vllm_plot, n) for n in regime_names] if regime_names else [vllm_plot]
     texts = {}
-    if args.regime and args.device != "sim":
-        print("hotloop bench vllm: --regime picks the simulated device's host regime: add --device sim",
-              file=sys.stderr)
-        return 2
-    regime_names = regimes.names(args.regime) if args.device == "sim" else ()
     for name in names:
-        kwargs = {"plot_path": engine_plot} if name == "engine" else {}
-        if name == "vllm":
-            kwargs = {"rounds": args.rounds, "plot_path": plots["vllm"][0] if report else None,
-                      "online": args.online, "sync": args.sync,
-                      "tps": tuple(int(t) for t in args.tp_sizes.split(",")) if args.tp_sizes else None}
-            if regime_names:  # the simulated device: a run per host regime (bench/vllm/regimes.py)
-                BENCHMARKS["vllm"] = functools.partial(regimes.run, regime_names)
-                if report:
-                    plots["vllm"] = [regimes.plot_path_of(plots["vllm"][0], n) for n in regime_names]
-            else:
-                kwargs["device"] = args.device
-        if name == "vllm-omni":
-            kwargs = {"rounds": args.rounds}
-        data, text = BENCHMARKS[name](quick=quick, **kwargs)
+        fn, kwargs = _bench_call(name, benchmarks[name], args, engine_plot, vllm_plot, regime_names)
+        data, text = fn(quick=quick, **kwargs)
         record["results"][name] = data
         texts[name] = text
         print(f"== hotloop bench {name}{' (short run; --full for the long one)' if quick else ''} ==\n{text}\n",
               flush=True)
+    _bench_outputs(record, texts, args.json, report, plots)
+    return 0
+
+
+def _bench_names(args, default: list[str], benchmarks: dict) -> list[str] | None:
+    """The benchmarks to run: the named ones (None, said why, when one is unknown or needs the missing PyTorch),
+    else every default one that can run here."""
+    names = args.names or default
+    if _torch_version() is None:
+        named = [n for n in args.names if n in NEEDS_TORCH]
+        if named:
+            print(f"hotloop bench {' '.join(named)}: runs the engine, which needs PyTorch; {NO_TORCH}", file=sys.stderr)
+            return None
+        if not args.names:
+            print(f"hotloop bench: skipping {', '.join(NEEDS_TORCH)}: {NO_TORCH}", file=sys.stderr)
+            names = [n for n in names if n not in NEEDS_TORCH]
+    unknown = [n for n in names if n not in benchmarks]
+    if unknown:
+        print(f"hotloop bench: unknown benchmark(s) {unknown}; choose from {sorted(benchmarks)}", file=sys.stderr)
+        return None
+    return names
+
+
+def _bench_call(name: str, fn, args, engine_plot, vllm_plot, regime_names) -> tuple:
+    """The function that runs benchmark `name` and its keyword arguments from the command line."""
+    from hotloop.bench.vllm import regimes
+
+    if name == "engine":
+        return fn, {"plot_path": engine_plot}
+    if name == "vllm-omni":
+        return fn, {"rounds": args.rounds}
+    if name != "vllm":
+        return fn, {}
+    kwargs = {"rounds": args.rounds, "plot_path": vllm_plot,
+              "online": args.online, "sync": args.sync,
+              "tps": tuple(int(t) for t in args.tp_sizes.split(",")) if args.tp_sizes else None}
+    if regime_names:  # the simulated device: a run per host regime (bench/vllm/regimes.py)
+        return functools.partial(regimes.run, regime_names), kwargs
+    return fn, {**kwargs, "device": args.device}
+
+
+def _bench_outputs(record: dict, texts: dict, json_path, report, plots: dict) -> None:
+    """The goals' verdicts; the JSON record and the report page where asked for."""
     from hotloop.bench import report_page
     from hotloop.bench.report import verdict_line
 
+    quick = record["quick"]
     lines = [verdict_line(b, g) for b, goals in report_page.verdicts(record).items() for g in goals]
     if lines:
         met = sum(line.startswith("met ") for line in lines)
         print(f"== goals: {met} of {len(lines)} met{' (short run)' if quick else ''} ==\n" + "\n".join(lines) + "\n")
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(record, f, indent=2, default=float)
-        print(f"wrote {args.json}")
+        print(f"wrote {json_path}")
     if report:
         page, images = report_page.write(record, texts, report, plots)
         print(f"report: {page} ({len(images)} plots in {report})")
-    return 0
 
 
 def cmd_soak(args) -> int:

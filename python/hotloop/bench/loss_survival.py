@@ -59,31 +59,48 @@ def say(**msg):
 
 def _writer(cfg_json: str) -> None:
     """The writer's node: every queue's writer and the engine's end of every liveness link."""
-    from hotloop import MessageQueue
-    from hotloop.engine.executors import liveness
-
     cfg = json.loads(cfg_json)
-    work, token = cfg["workdir"], bytes.fromhex(cfg["token"])
-    queues: dict[str, MessageQueue] = {}
+    queues = _export_queues(cfg)
+    watcher = _connect_links(cfg)
+    watcher.start()
+    for q in queues.values():
+        q.wait_until_ready(timeout=60)
+    say(ready=True, t=time.monotonic())
+    for name, q in queues.items():
+        sender, args = (_send_busy, (name, q, cfg["busy_rate"])) if name.endswith("busy") else (_send_idle, (name, q))
+        threading.Thread(target=sender, args=args, daemon=True).start()
+    sys.stdin.read()  # until the parent ends the round
+    os._exit(0)  # the connections end with the process (a partitioned peer's would hold close() for its linger)
+
+
+def _export_queues(cfg: dict) -> dict:
+    """Each reader node's idle queues and busy queue, their handles written for the node to attach: {name: queue}."""
+    from hotloop import MessageQueue
+
+    work = cfg["workdir"]
+    queues = {}
     for node in cfg["readers"]:
-        names = [f"{node}/idle{i}" for i in range(cfg["idle"])] + [f"{node}/busy"]
         handles = {}
-        for name in names:
-            q = MessageQueue(1, 0, connect_ip=cfg["writer_addr"], dead_reader="raise")
-            queues[name] = q
-            handles[name] = q.export_handle()
+        for name in [f"{node}/idle{i}" for i in range(cfg["idle"])] + [f"{node}/busy"]:
+            queues[name] = MessageQueue(1, 0, connect_ip=cfg["writer_addr"], dead_reader="raise")
+            handles[name] = queues[name].export_handle()
         with open(os.path.join(work, f"{node}.handles.part"), "wb") as f:
             pickle.dump(handles, f)
         os.rename(os.path.join(work, f"{node}.handles.part"), os.path.join(work, f"{node}.handles"))
+    return queues
 
-    def link_lost(key, why):
-        say(lost=f"{key}", end="engine", t=time.monotonic(), error=why)
+
+def _connect_links(cfg: dict):
+    """The engine's end of every reader node's liveness links (once the node wrote its ports): a LinkWatcher."""
+    from hotloop.engine.executors import liveness
 
     names_of = {}
-    watcher = liveness.LinkWatcher(lambda rank, why: link_lost(names_of[rank], why))
+    watcher = liveness.LinkWatcher(lambda rank, why: say(lost=names_of[rank], end="engine", t=time.monotonic(),
+                                                         error=why))
+    token = bytes.fromhex(cfg["token"])
     for node in cfg["readers"]:
-        path = os.path.join(work, f"{node}.ports")
-        while not os.path.exists(path):
+        path = os.path.join(cfg["workdir"], f"{node}.ports")
+        while not os.path.exists(path):  # set-up only: the node writes it once its listeners are open
             time.sleep(0.05)
         with open(path) as f:
             addr, ports = json.load(f)
@@ -91,44 +108,40 @@ def _writer(cfg_json: str) -> None:
             rank = len(names_of)
             names_of[rank] = f"{node}/link{i}"
             watcher.connect(rank, addr, port, token, 10.0)
-    watcher.start()
-    for q in queues.values():
-        q.wait_until_ready(timeout=60)
-    say(ready=True, t=time.monotonic())
+    return watcher
 
-    def idle(name, q):
-        sent, next_send = 0, time.monotonic() + IDLE_EVERY_S * random.random()
-        while True:
-            try:
-                if 0 not in q.network_stats["attached"]:
-                    say(lost=name, end="writer", t=time.monotonic(), error="its reader left", sent=sent)
-                    return
-                if time.monotonic() >= next_send:
-                    q.enqueue({"i": sent}, timeout=10)
-                    sent += 1
-                    next_send += IDLE_EVERY_S
-            except Exception as e:  # noqa: BLE001  (reported)
-                say(lost=name, end="writer", t=time.monotonic(), error=f"{type(e).__name__}: {e}", sent=sent)
+
+def _send_idle(name: str, q) -> None:
+    """An idle queue's writer: a message every IDLE_EVERY_S, and a look at its reader every WRITER_LOOK_S."""
+    sent, next_send = 0, time.monotonic() + IDLE_EVERY_S * random.random()
+    while True:
+        try:
+            if 0 not in q.network_stats["attached"]:
+                say(lost=name, end="writer", t=time.monotonic(), error="its reader left", sent=sent)
                 return
-            time.sleep(WRITER_LOOK_S)  # a look at the peers: the writer end of an idle queue has no wait of its own
+            if time.monotonic() >= next_send:
+                q.enqueue({"i": sent}, timeout=10)
+                sent += 1
+                next_send += IDLE_EVERY_S
+        except Exception as e:  # noqa: BLE001  (reported)
+            say(lost=name, end="writer", t=time.monotonic(), error=f"{type(e).__name__}: {e}", sent=sent)
+            return
+        time.sleep(WRITER_LOOK_S)  # a look at the peers: the writer end of an idle queue has no wait of its own
 
-    def busy(name, q):
-        period, sent = 1.0 / cfg["busy_rate"], 0
-        next_send = time.monotonic()
-        while True:
-            try:
-                q.enqueue({"i": sent, "pad": b"x" * 200}, timeout=10)
-            except Exception as e:  # noqa: BLE001
-                say(lost=name, end="writer", t=time.monotonic(), error=f"{type(e).__name__}: {e}", sent=sent)
-                return
-            sent += 1
-            next_send += period
-            time.sleep(max(0.0, next_send - time.monotonic()))
 
-    for name, q in queues.items():
-        threading.Thread(target=busy if name.endswith("busy") else idle, args=(name, q), daemon=True).start()
-    sys.stdin.read()  # until the parent ends the round
-    os._exit(0)  # the connections end with the process (a partitioned peer's would hold close() for its linger)
+def _send_busy(name: str, q, rate: float) -> None:
+    """A busy queue's writer: `rate` messages a second until its enqueue raises."""
+    period, sent = 1.0 / rate, 0
+    next_send = time.monotonic()
+    while True:
+        try:
+            q.enqueue({"i": sent, "pad": b"x" * 200}, timeout=10)
+        except Exception as e:  # noqa: BLE001  (reported)
+            say(lost=name, end="writer", t=time.monotonic(), error=f"{type(e).__name__}: {e}", sent=sent)
+            return
+        sent += 1
+        next_send += period
+        time.sleep(max(0.0, next_send - time.monotonic()))
 
 
 def _reader(cfg_json: str, node: str) -> None:
@@ -243,78 +256,103 @@ def percentile(xs, q):
 
 
 def _round(args, losses, stats, rng):
+    """One round: the reader nodes under their loss for args.minutes (short cuts on top with args.short_cuts), then
+    every reader node cut off for good; what was lost during the loss and how fast the cut was seen go to `stats`."""
     from hotloop.testing.netns import Nodes
 
     readers = [f"l{p}" for p in losses]
+    kinds = {f"{n}/{what}{i}" for n in readers for what, count in (("idle", args.idle), ("link", args.links))
+             for i in range(count)} | {f"{n}/busy" for n in readers}
+    lost: dict[tuple[str, str], dict] = {}  # (connection, end) -> its line
     with Nodes(["w", *readers]) as nodes, tempfile.TemporaryDirectory(prefix="hotloop-loss-") as work:
         cfg = dict(workdir=work, token=secrets.token_hex(16), readers=readers, idle=args.idle, links=args.links,
                    busy_rate=args.busy_rate, writer_addr=nodes.addr["w"], addr=nodes.addr)
         writer = Child(nodes, "w", ["_writer", json.dumps(cfg)])
         kids = {node: Child(nodes, node, ["_reader", json.dumps(cfg), node]) for node in readers}
         children = [writer, *kids.values()]
+
+        def collect():
+            for c in children:
+                for msg in c.take():
+                    if "lost" in msg:
+                        lost.setdefault((msg["lost"], msg["end"]), msg)
+
         try:
             for k in kids.values():
                 k.wait_for("attached")
             writer.wait_for("ready")
-            kinds = {f"{n}/{what}{i}" for n in readers for what, count in (("idle", args.idle), ("link", args.links))
-                     for i in range(count)} | {f"{n}/busy" for n in readers}
-            lost: dict[tuple[str, str], dict] = {}  # (connection, end) -> its line
-
-            def collect():
-                for c in children:
-                    for msg in c.take():
-                        if "lost" in msg:
-                            lost.setdefault((msg["lost"], msg["end"]), msg)
-
-            t_loss = time.monotonic()
-            for node, p in zip(readers, losses):
-                if p:
-                    nodes.lose(node, p)
-            until = t_loss + args.minutes * 60
-            next_cut = {n: t_loss + rng.expovariate(1 / SHORT_CUT_EVERY_S) for n in readers}
-            while time.monotonic() < until:
-                collect()
-                if args.short_cuts:
-                    for node, p in zip(readers, losses):
-                        if time.monotonic() >= next_cut[node] and until - time.monotonic() > 5:
-                            t_cut = time.monotonic()
-                            nodes.cut(node)
-                            time.sleep(rng.uniform(0.3, 1.0))
-                            nodes.heal(node)
-                            lasted = time.monotonic() - t_cut
-                            if p:
-                                nodes.lose(node, p)
-                            stats[p]["cuts"] += 1
-                            stats[p]["longest_cut_s"] = max(stats[p].get("longest_cut_s", 0.0), lasted)
-                            print(f"short cut on {node}: {t_cut - t_loss:.1f} s into the loss, lasted {lasted:.2f} s",
-                                  file=sys.stderr, flush=True)
-                            next_cut[node] = time.monotonic() + max(5.0, rng.expovariate(1 / SHORT_CUT_EVERY_S))
-                time.sleep(0.2)
-            collect()
-            t_end = time.monotonic()
+            t_loss, t_end = _under_loss(nodes, readers, losses, args, stats, rng, collect)
             early = dict(lost)
-            for node, p in zip(readers, losses):
-                if p:
-                    nodes.heal(node)
-            t_cut = time.monotonic()
-            for node in readers:
-                nodes.cut(node)
-            ends = {"idle": ("writer", "reader"), "busy": ("writer", "reader"), "link": ("engine", "rank")}
-            expected = {(c, e) for c in kinds for e in ends[c.split("/")[1].rstrip("0123456789")]}
-            deadline = t_cut + DETECT_WAIT_S
-            while time.monotonic() < deadline and not expected <= set(lost):
-                collect()
-                time.sleep(0.05)
-            collect()
+            t_cut = _partition(nodes, readers, losses, kinds, lost, collect)
         finally:
             for c in children:
                 c.stop()
+    _tally(readers, losses, kinds, stats, lost, early, t_loss, t_end, t_cut)
+
+
+ENDS = {"idle": ("writer", "reader"), "busy": ("writer", "reader"), "link": ("engine", "rank")}  # a kind's two ends
+
+
+def _under_loss(nodes, readers, losses, args, stats, rng, collect) -> tuple[float, float]:
+    """Each reader node drops its share of packets for args.minutes, short cuts on top with args.short_cuts;
+    returns when the loss began and ended."""
+    t_loss = time.monotonic()
+    for node, p in zip(readers, losses):
+        if p:
+            nodes.lose(node, p)
+    until = t_loss + args.minutes * 60
+    next_cut = {n: t_loss + rng.expovariate(1 / SHORT_CUT_EVERY_S) for n in readers}
+    while time.monotonic() < until:
+        collect()
+        if args.short_cuts:
+            for node, p in zip(readers, losses):
+                if time.monotonic() >= next_cut[node] and until - time.monotonic() > 5:
+                    _short_cut(nodes, node, p, stats[p], rng, t_loss)
+                    next_cut[node] = time.monotonic() + max(5.0, rng.expovariate(1 / SHORT_CUT_EVERY_S))
+        time.sleep(0.2)
+    collect()
+    return t_loss, time.monotonic()
+
+
+def _short_cut(nodes, node: str, p: int, s: dict, rng, t_loss: float) -> None:
+    """`node` cut for 0.3-1.0 s, then its loss put back."""
+    t_cut = time.monotonic()
+    nodes.cut(node)
+    time.sleep(rng.uniform(0.3, 1.0))
+    nodes.heal(node)
+    lasted = time.monotonic() - t_cut
+    if p:
+        nodes.lose(node, p)
+    s["cuts"] += 1
+    s["longest_cut_s"] = max(s.get("longest_cut_s", 0.0), lasted)
+    print(f"short cut on {node}: {t_cut - t_loss:.1f} s into the loss, lasted {lasted:.2f} s", file=sys.stderr,
+          flush=True)
+
+
+def _partition(nodes, readers, losses, kinds, lost, collect) -> float:
+    """The loss lifted and every reader node cut off for good; returns the cut's time once both ends of every
+    connection reported it, or after DETECT_WAIT_S."""
+    for node, p in zip(readers, losses):
+        if p:
+            nodes.heal(node)
+    t_cut = time.monotonic()
+    for node in readers:
+        nodes.cut(node)
+    expected = {(c, e) for c in kinds for e in ENDS[c.split("/")[1].rstrip("0123456789")]}
+    deadline = t_cut + DETECT_WAIT_S
+    while time.monotonic() < deadline and not expected <= set(lost):
+        collect()
+        time.sleep(0.05)
+    collect()
+    return t_cut
+
+
+def _tally(readers, losses, kinds, stats, lost, early, t_loss, t_end, t_cut) -> None:
+    """Per loss level: connection minutes, connections lost during the loss, message counts, detection times."""
     for node, p in zip(readers, losses):
         s = stats[p]
         s["rounds"] += 1
-        for conn in sorted(kinds):
-            if not conn.startswith(node + "/"):
-                continue
+        for conn in sorted(c for c in kinds if c.startswith(node + "/")):
             kind = conn.split("/")[1].rstrip("0123456789")
             s["connection_minutes"][kind] += (t_end - t_loss) / 60
             died = {e: m for (c, e), m in early.items() if c == conn}
@@ -331,7 +369,7 @@ def _round(args, losses, stats, rng):
                 if not died:
                     s["detect"][f"{kind} {e}"].append(m["t"] - t_cut)
             if not died:
-                for e in ends[kind]:
+                for e in ENDS[kind]:
                     if (conn, e) not in lost:
                         s["undetected"].append(f"{conn} {e}")
 
