@@ -4,6 +4,7 @@ compute (work), with the sampled CPU checked against the threads' schedstat."""
 
 import glob
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -276,6 +277,42 @@ def test_native_frames_name_hotloop_wait(py_spy, child):
     res = host_samples.sample({"reader": pid}, 1, native=True)["reader"]
     assert res["waiting"] >= 0.9 * res["samples"] > 0, res["top_work"]
     assert any("hotloop::" in f for f, _n, _what in res["top_waiting"]), res["top_waiting"]
+
+
+MERGE_ERROR = "Error: Failed to merge native and python frames (Have 1 native and 2 python)"
+
+
+def _flaky_py_spy(tmp_path, monkeypatch, failures: int) -> None:
+    """py-spy that fails to attach as py-spy 0.4 does under load (its cause, then a backtrace) `failures` times,
+    then runs the real one."""
+    real, count = host_samples.py_spy_path(), tmp_path / "attaches"
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"""#!/bin/sh
+echo x >> {count}
+if [ "$(wc -l < {count})" -le {failures} ]; then
+  echo "{MERGE_ERROR}"; echo "Stack backtrace:"; echo "   0: anyhow::error::from"; exit 1
+fi
+exec {real} "$@"
+""")
+    fake.chmod(0o755)
+    monkeypatch.setattr(host_samples, "py_spy_path", lambda: str(fake))
+
+
+def test_a_native_attach_that_fails_is_tried_again(py_spy, child, tmp_path, monkeypatch):
+    pid = child(HOTLOOP_READER, "spin")
+    _flaky_py_spy(tmp_path, monkeypatch, failures=2)
+    res = host_samples.sample({"reader": pid}, 1, native=True)["reader"]
+    assert res["samples"] > 0
+    assert (tmp_path / "attaches").read_text().count("x") == 3
+
+
+def test_a_native_attach_that_keeps_failing_says_why(py_spy, child, tmp_path, monkeypatch):
+    pid = child(HOTLOOP_READER, "spin")
+    _flaky_py_spy(tmp_path, monkeypatch, failures=3)
+    why = rf"could not sample process 'reader' \(pid {pid}\): {re.escape(MERGE_ERROR)}"
+    with pytest.raises(SamplingError, match=why):
+        host_samples.sample({"reader": pid}, 1, native=True)
+    # the autouse no_leaks fixture checks that no py-spy's pipe is left open
 
 
 # ---- bad input ----

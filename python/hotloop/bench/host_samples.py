@@ -80,6 +80,9 @@ class SamplingError(RuntimeError):
 # ---- the classification table ----
 # (function regex, file or library regex, what it is). A Python frame reads "func (path/file.py:line)", a native
 # one "func (lib.so)" or "0xADDR (lib.so)"; py-spy shortens paths to the package ("vllm/.../shm_broadcast.py").
+# where hotloop's native frames are: the source file with debug info ("csrc/hotloop/wait_any.cpp:85"), else the
+# extension's file name alone ("_core.cpython-311-x86_64-linux-gnu.so", "_core.abi3.so")
+_CORE = r"hotloop|^_core\."
 WAIT_FRAMES: list[tuple[str, str, str]] = [
     # vLLM's shared-memory queue: the reader's spin on the block's flags (acquire_read, its check()) and its
     # SpinCondition (sched_yield while busy, a zmq poll once idle)
@@ -103,7 +106,7 @@ WAIT_FRAMES: list[tuple[str, str, str]] = [
     (r"(^|\.)select$", r"^selectors\.py$", "selectors select"),
     (r"(^|\.)wait$", r"^threading\.py$", "threading wait"),
     # hotloop: the C++ wait (native frames) and the Python frames that call it (without --native)
-    (r"^hotloop::(wait_any|futex::wait|.*Doorbell::.*|.*WaitPolicy::.*|ShmRing::wait.*|Waiter::wait.*)", r"hotloop",
+    (r"^hotloop::(wait_any|futex::wait|.*Doorbell::.*|.*WaitPolicy::.*|ShmRing::wait.*|Waiter::wait.*)", _CORE,
      "hotloop C++ wait"),
     (r"(^|\.)(dequeue|dequeue_bytes)$", r"hotloop/queue/message_queue\.py", "hotloop queue read (C++ wait)"),
     (r"(^|\.)StepPacedWait\.read$", r"hotloop/vllm/step_wait\.py", "hotloop reader's yield-then-park wait"),
@@ -123,7 +126,7 @@ PASS_FRAMES: list[tuple[str, str]] = [
     (r"^(_?Py|cfunction_|method_vectorcall|vectorcall|_PyEval|slot_tp|object_vacall|call_function|builtin_)",
      r"python|libpython"),  # CPython's call machinery around a C function
     (r"(^|\.)memory_fence$", r"vllm/distributed/device_communicators/shm_broadcast\.py"),
-    (r"^hotloop::(ShmRing::read.*|.*::ready|ShmRing::ReaderSource.*)$", r"hotloop"),  # a read's helpers
+    (r"^hotloop::(ShmRing::read.*|.*::ready|ShmRing::ReaderSource.*)$", _CORE),  # a read's helpers
 ]
 NO_FRAME = "(no Python frame)"  # a kept sample with an empty stack (py-spy read it mid-update): counted as work
 _WAIT = [(re.compile(f), re.compile(p), what) for f, p, what in WAIT_FRAMES]
@@ -278,23 +281,34 @@ class Sampler:
         exe = py_spy_path()
         self._tmp = tempfile.mkdtemp(prefix="hotloop-samples-")
         for name, pid in self.pids.items():
-            out = os.path.join(self._tmp, f"{pid}.txt")
-            cmd = [exe, "record", "--pid", str(pid), "--rate", str(self.rate_hz), "--duration", str(self.seconds),
-                   "--format", "raw", "--output", out, "--threads"] + (["--native"] if self.native else
-                                                                       ["--nonblocking"])
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace", preexec_fn=_realtime)
-            run = _Run(name, pid, proc, out)
-            run.reader = threading.Thread(target=self._follow, args=(run,), name=f"py-spy {pid}", daemon=True)
-            run.reader.start()
-            self._runs.append(run)
+            self._runs.append(self._launch(exe, name, pid))
         deadline = time.monotonic() + 60
-        for run in self._runs:
-            run.started.wait(max(0.0, deadline - time.monotonic()))
+        for i, run in enumerate(self._runs):
+            for attempts_left in reversed(range(3 if self.native else 1)):
+                run.started.wait(max(0.0, deadline - time.monotonic()))
+                if run.t0 or not attempts_left or not alive(run.pid) or time.monotonic() >= deadline:
+                    break
+                # --native stops the target and unwinds every thread; py-spy gives up at attach when a thread's
+                # native stack does not line up with its Python frames at that instant ("Failed to merge native
+                # and python frames", seen under load): a later attach gets another instant
+                self._close(run)
+                run = self._runs[i] = self._launch(exe, run.name, run.pid)
             if not run.t0:
                 self._abort()
                 raise SamplingError(self._why(run))
         return self
+
+    def _launch(self, exe: str, name: str, pid: int) -> _Run:
+        out = os.path.join(self._tmp, f"{pid}.txt")
+        cmd = [exe, "record", "--pid", str(pid), "--rate", str(self.rate_hz), "--duration", str(self.seconds),
+               "--format", "raw", "--output", out, "--threads"] + (["--native"] if self.native else
+                                                                   ["--nonblocking"])
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", preexec_fn=_realtime)
+        run = _Run(name, pid, proc, out)
+        run.reader = threading.Thread(target=self._follow, args=(run,), name=f"py-spy {pid}", daemon=True)
+        run.reader.start()
+        return run
 
     def _follow(self, run: _Run) -> None:
         """Reads one py-spy's output: snapshots the process's threads when sampling starts and when it ends."""
@@ -308,7 +322,8 @@ class Sampler:
         run.started.set()
 
     def _why(self, run: _Run) -> str:
-        text = "\n".join(run.log[-8:]).strip() or f"py-spy exited with code {run.proc.poll()}"
+        errors = [line for line in run.log if line.startswith("Error")]  # py-spy's cause, above its backtrace
+        text = "\n".join(errors[-1:] + run.log[-8:]).strip() or f"py-spy exited with code {run.proc.poll()}"
         hint = ""
         if "ermission" in text or "ptrace" in text.lower():
             hint = (" (py-spy needs ptrace on the target: run as the same user with kernel.yama.ptrace_scope 0, or "
@@ -322,12 +337,20 @@ class Sampler:
             if run.proc.poll() is None:
                 run.proc.send_signal(signal.SIGINT)
         for run in self._runs:
-            try:
-                run.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                run.proc.kill()
-                run.proc.wait()
+            self._close(run)
         self._cleanup()
+
+    @staticmethod
+    def _close(run: _Run) -> None:
+        """Ends one py-spy (already signalled, or exited) and closes its pipe once its reader has drained it."""
+        try:
+            run.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            run.proc.kill()
+            run.proc.wait()
+        run.reader.join(10)
+        if not run.reader.is_alive():
+            run.proc.stdout.close()
 
     def _cleanup(self) -> None:
         if self._tmp:
