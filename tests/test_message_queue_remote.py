@@ -98,21 +98,59 @@ def test_one_part_and_several_part_messages_reach_a_remote_reader_whole_and_in_o
         r.close()
 
 
-def test_a_remote_reader_that_does_not_read_makes_enqueue_time_out():
-    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1", remote_hwm=2)
-    r = MessageQueue.create_from_handle(q.export_handle(), 0)
-    q.wait_until_ready(timeout=10)
-    big = b"z" * (1 << 20)
-    with pytest.raises(QueueTimeout, match="remote reader .* behind"):
-        for _ in range(1000):  # far more than the buffers on both sides and the kernel's hold
-            q.enqueue_bytes(big, timeout=0.2)
+def _read_until_shutdown(handle, report, gap_s=0.0):
+    r = MessageQueue.create_from_handle(handle, 0)
+    report.send("attached")
     got = 0
-    while r.readable() or got == 0:
-        assert bytes(r.dequeue_bytes(timeout=5)) == big
-        got += 1
-    assert got >= 2
+    try:
+        while True:
+            r.dequeue_bytes(timeout=60)
+            got += 1
+            time.sleep(gap_s)
+    except ClosedError:
+        report.send(got)
+    except BaseException as e:
+        report.send(f"{got} then {e!r}")
     r.close()
-    q.close()
+    os._exit(0)
+
+
+def _stopped_reader(q):
+    """A reader process of `q` (rank 0), attached, then stopped (SIGSTOP); it reports what it read once resumed."""
+    report, child_end = CTX.Pipe()
+    child = CTX.Process(target=_read_until_shutdown, args=(q.export_handle(), child_end))
+    child.start()
+    assert report.poll(30) and report.recv() == "attached"
+    q.wait_until_ready(timeout=30)
+    os.kill(child.pid, signal.SIGSTOP)
+    wait_until(lambda: open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T", 10)
+    return child, report, child_end
+
+
+def test_a_remote_reader_that_takes_nothing_in_makes_enqueue_time_out_and_loses_nothing():
+    """A reader's process that takes nothing in (stopped, or its node overloaded) fills the writer's remote_hwm
+    and the kernel's buffers: enqueue raises QueueTimeout naming it; once it runs again it reads every message
+    that was sent. (A reader that is alive but does not read takes messages into its process: its ZeroMQ
+    buffer is not bounded, see sockets.keepalive.)"""
+    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1", remote_hwm=2)
+    child, report, child_end = _stopped_reader(q)
+    try:
+        big = b"z" * (1 << 20)
+        sent = 0
+        with pytest.raises(QueueTimeout, match="remote reader .* behind"):
+            for _ in range(1000):  # far more than the writer's 2 and the kernel's buffers hold
+                q.enqueue_bytes(big, timeout=0.2)
+                sent += 1
+        assert sent >= 2
+        os.kill(child.pid, signal.SIGCONT)
+        q.close()
+        assert report.poll(30) and report.recv() == sent
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        child.join(30)
+        q.close()
+        report.close()
+        child_end.close()
 
 
 def test_remote_bad_input_gives_clear_errors():
@@ -217,6 +255,60 @@ def test_a_writer_closed_while_its_process_has_other_queue_ends_still_delivers_w
     r.close()
     child.join(30)
     assert child.exitcode == 0
+
+
+def test_a_writer_closed_while_a_reader_is_stopped_waits_until_the_reader_has_the_tail():
+    """A writer that closes with a backlog in flight to a live reader that is stopped for a moment (a loaded host;
+    on a lossy link, retransmissions backed off) waits until the reader's side has acknowledged it all: the reader
+    gets every message and the shutdown. (Once ZeroMQ had handed the tail to the kernel it closed the
+    connection, and the reset threw away what the reader had not acknowledged yet.)"""
+    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1")
+    child, report, child_end = _stopped_reader(q)
+    count, stopped_s = 300, 1.5  # 19 MB: more than the kernel's buffers on both sides hold
+    try:
+        for i in range(count):
+            q.enqueue_bytes(i.to_bytes(4, "little") * (1 << 14), timeout=30)
+        resume = threading.Timer(stopped_s, os.kill, (child.pid, signal.SIGCONT))
+        resume.start()
+        t0 = time.monotonic()
+        q.close()
+        closed_in = time.monotonic() - t0
+        resume.join()
+        assert report.poll(30) and report.recv() == count
+        assert closed_in >= stopped_s * 0.5  # close() waited for the stopped reader
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        child.join(30)
+        q.close()
+        report.close()
+        child_end.close()
+
+
+def test_a_slow_reader_whose_writer_closes_reads_everything_and_lives():
+    """A reader far behind its writer (here 19 MB, read a message every 10 ms) when the writer closes reads every
+    message and then the shutdown. (With its ZeroMQ receive buffer bounded by remote_hwm and heartbeats on,
+    libzmq 4.3.5 aborted such a reader's process when the closing writer's connection was reset:
+    sockets.keepalive.)"""
+    q = MessageQueue(1, n_local_reader=0, connect_ip="127.0.0.1", remote_hwm=50)
+    report, child_end = CTX.Pipe()
+    child = CTX.Process(target=_read_until_shutdown, args=(q.export_handle(), child_end, 0.01))
+    child.start()
+    count = 300
+    try:
+        assert report.poll(30) and report.recv() == "attached"
+        q.wait_until_ready(timeout=30)
+        for i in range(count):
+            q.enqueue_bytes(i.to_bytes(4, "little") * (1 << 14), timeout=30)
+        q.close()
+        child.join(60)
+        assert child.exitcode == 0
+        assert report.poll(0) and report.recv() == count
+    finally:
+        child.kill()
+        child.join(30)
+        q.close()
+        report.close()
+        child_end.close()
 
 
 def test_queue_ends_opened_right_after_others_closed_can_monitor_their_sockets():

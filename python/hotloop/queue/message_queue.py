@@ -65,7 +65,7 @@ class Handle:
     writer_pid: int
     n_reader: int
     remote_address: str | None  # tcp://ip:port of the writer's publisher, when there are remote readers
-    remote_hwm: int  # messages buffered per remote reader on each side of the network before enqueue waits
+    remote_hwm: int  # messages queued per remote reader in the writer's process before enqueue waits
     remote_server_key: bytes | None = field(default=None, repr=False)  # the writer's CurveZMQ public key (z85)
     # (public, secret) CurveZMQ client key pair of each remote rank, in rank order from n_local_reader
     remote_client_keys: tuple[tuple[bytes, bytes], ...] = field(default=(), repr=False)
@@ -145,7 +145,8 @@ class MessageQueue:
         (default: connect_ip itself; the wildcard address binds every interface, only if you pass it).
         max_message_bytes: a larger enqueue raises ValueError and leaves the queue usable (default: no limit).
         dead_reader: "raise" or "drop".
-        remote_hwm: messages buffered for each remote reader on each side before enqueue waits for it.
+        remote_hwm: messages queued for each remote reader in the writer's process (beyond what the network and
+        the reader's process hold) before enqueue waits for it.
         """
         if n_local_reader is None:
             n_local_reader = n_reader
@@ -196,7 +197,7 @@ class MessageQueue:
             reader, companions = relay.attach(handle, rank, node)
         else:
             reader = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_server_key,
-                                      handle.remote_client_keys[rank - handle.n_local_reader], handle.remote_hwm)
+                                      handle.remote_client_keys[rank - handle.n_local_reader])
             if policy is None:  # a network reader parks at once (see RemoteSubscriber.DEFAULT_POLICY)
                 policy = RemoteSubscriber.DEFAULT_POLICY
         self = cls.__new__(cls)

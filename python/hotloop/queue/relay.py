@@ -184,7 +184,7 @@ def attach(handle, rank: int, node: str):
     try:
         if ring is not None:
             stream = RemoteSubscriber(handle.remote_address, rank, handle.name, handle.remote_server_key, keys,
-                                      handle.remote_hwm, topic=node_topic(node))
+                                      topic=node_topic(node))
             relay = Relay(ring, final, stream, rank, node)
         reader = _core.ShmRing.attach(final, slot, capacity, n_remote)
     except BaseException:

@@ -7,7 +7,9 @@ Contract:
   the same rank, and sees a reader leave (its connection closes; a vanished node is given up when nothing of it
   arrived for ``HOTLOOP_PEER_TIMEOUT_S``, default 3 s, by heartbeats both ends send: ``sockets.keepalive``):
   ``write`` then raises DeadPeerError naming it, or forgets it (``dead_reader="drop"``). Messages are never dropped:
-  a reader more than ``hwm`` messages behind makes ``write`` wait, up to its timeout.
+  a reader takes in what arrives in its ZeroMQ I/O thread (not bounded: ``sockets.keepalive`` says why), and
+  once ``hwm`` messages are queued for a reader whose process takes nothing in, ``write`` waits, up to its
+  timeout. ``close`` waits until every live reader has acknowledged all it was sent (``writer_linger_s``).
 - ``RemoteSubscriber`` (reader) has the reader surface of a shared-memory ring (``read``, ``read_view``,
   ``release``, ``readable``, ``wait_readable``, ``source``, ``close``), so MessageQueue drives both alike.
   Its wait sleeps in ``wait_any`` on one descriptor, the same for the reader's whole life (so a prepared

@@ -66,7 +66,15 @@ def keepalive(sock: zmq.Socket) -> None:
 
     - Heartbeats (ZMTP): each end sends a PING every ``PING_INTERVAL_S`` and answers the peer's with a PONG; an
       end that decodes nothing at all from its peer (no message, PING or PONG) for the peer timeout drops the
-      connection (``ZMQ_HEARTBEAT_TIMEOUT``). TCP retransmits a lost PING, so a false verdict needs one segment
+      connection (``ZMQ_HEARTBEAT_TIMEOUT``). (With only the writer sending PINGs, and the reader judging by
+      their ``ZMQ_HEARTBEAT_TTL``, each verdict waited on a chain, the writer's retransmitted PING and then the
+      PONG; the 45 s network soak at 2 % loss lost a relay's connection after two 0.8 s cuts.)
+    - Neither end's ZeroMQ receive buffer is bounded (``ZMQ_RCVHWM`` 0, the callers; a writer's sends are bounded
+      by its ``remote_hwm``): in libzmq 4.3.5 an end with heartbeats whose receive buffer is full (its reader
+      behind) and whose connection is then reset writes a PING or a PONG on the closed connection and aborts the
+      process ("Assertion failed: !_io_error (src/stream_engine_base.cpp:310)", zeromq/libzmq#4767, open:
+      ZeroMQ marks the error only for a connection it had stopped reading; reproduced here, a reader 50 messages of
+      64 KiB behind a writer that closed, every time). TCP retransmits a lost PING, so a false verdict needs one segment
       and every retransmission of it (0.2, 0.6, 1.4 s after it at the minimum RTO) lost, where keepalive probes
       (whole seconds, so two in a 3 s timeout) needed only two losses in a row: measured with
       ``python -m hotloop.bench.loss_survival`` (12 min, 6 idle queues, a busy one and 2 liveness links per
@@ -84,11 +92,10 @@ def keepalive(sock: zmq.Socket) -> None:
 
     A busy peer is not a lost one: its ZeroMQ I/O thread answers, whatever its application threads do. A peer is
     taken for lost when nothing of it arrives for the timeout although its node is up: its process stopped
-    (SIGSTOP) for about ``timeout - PING_INTERVAL_S / 2`` or longer; a reader that leaves its buffers full
-    (``remote_hwm`` messages unread) for the timeout, since ZeroMQ then stops decoding and the writer's PINGs go
-    unread (with ``TCP_USER_TIMEOUT`` such a reader was given up too: it bounds the writer's zero-window probes;
-    the same test, ``remote_hwm=2`` and the reader idle for 5 s, ended the connection on both); or one message
-    that takes longer than the timeout to cross the link. A peer whose process dies is seen at once: its kernel
+    (SIGSTOP) for about ``timeout - PING_INTERVAL_S / 2`` or longer, or one message takes longer than the timeout
+    to cross the link. A reader that is alive but does not read is not lost: its ZeroMQ I/O thread takes in
+    what arrives (its buffer is not bounded, above), and the writer's enqueue waits once ``remote_hwm`` messages
+    are queued for it. A peer whose process dies is seen at once: its kernel
     closes the connection."""
     timeout = peer_timeout_s()
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
@@ -112,6 +119,7 @@ def reader_socket(ctx: zmq.Context, server_public: bytes, client_keys: tuple[byt
         sock.curve_publickey, sock.curve_secretkey = client_keys
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, NO_RECONNECT_MS)
+        sock.setsockopt(zmq.RCVHWM, 0)  # never full: see keepalive
         keepalive(sock)
     except BaseException:  # keys ZeroMQ refuses (not z85): a socket left open would hold the context's term()
         sock.close(linger=0)

@@ -31,7 +31,7 @@ class RemoteSubscriber:
     DEFAULT_POLICY = WaitPolicy(spin_us=0, yield_us=0)
 
     def __init__(self, address: str, rank: int, queue_name: str, server_public: bytes,
-                 client_keys: tuple[bytes, bytes], hwm: int = 1000, topic: bytes | None = None):
+                 client_keys: tuple[bytes, bytes], topic: bytes | None = None):
         """Reader `rank`'s data connection; `topic` is what it tells the writer it is (default: the rank's own
         topic; a node's relay passes the node's, and forwards its messages with forward())."""
         self.name = queue_name
@@ -40,7 +40,7 @@ class RemoteSubscriber:
         self._zmq = ProcessZmq.acquire()
         self._sock = self._monitor = self._core = None
         try:
-            self._connect(address, topic or rank_topic(rank), server_public, client_keys, hwm)
+            self._connect(address, topic or rank_topic(rank), server_public, client_keys)
         except BaseException:  # a reader that cannot start leaves no sockets, descriptors or threads behind
             self._release()
             raise
@@ -48,9 +48,8 @@ class RemoteSubscriber:
         self._lent: memoryview | None = None
         self.closed = False
 
-    def _connect(self, address, topic, server_public, client_keys, hwm) -> None:
+    def _connect(self, address, topic, server_public, client_keys) -> None:
         self._sock = reader_socket(self._zmq.ctx, server_public, client_keys)
-        self._sock.setsockopt(zmq.RCVHWM, hwm)
         self._monitor = monitor_socket(self._sock, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.setsockopt(zmq.SUBSCRIBE, topic)
