@@ -32,7 +32,7 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _mounts(root: str, proc: str) -> list[tuple[str, str, str, set[str]]]:
+def mounts(root: str = "", proc: str = "self") -> list[tuple[str, str, str, set[str]]]:
     """(mount root, mount point, fs type, super options) of every cgroup mount the process sees."""
     out = []
     for line in (_read(f"{root}/proc/{proc}/mountinfo") or "").splitlines():
@@ -80,15 +80,15 @@ def _v1_quota(folder: str) -> float | None:
 def cpu_quota(root: str = "", proc: str = "self") -> float | None:
     """The smallest CFS quota (in cores) on the process's cgroup path, v1 and v2; None where there is none."""
     quotas = []
-    mounts = _mounts(root, proc)
+    found = mounts(root, proc)
     for line in (_read(f"{root}/proc/{proc}/cgroup") or "").splitlines():
         hier, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hier == "0" and controllers == "":  # v2: the unified hierarchy
-            wanted = [(r, m) for r, m, kind, _ in mounts if kind == "cgroup2"]
+            wanted = [(r, m) for r, m, kind, _ in found if kind == "cgroup2"]
             read = _v2_quota
         elif "cpu" in controllers.split(","):  # v1: the cpu controller's hierarchy
-            wanted = [(r, m) for r, m, kind, opts in mounts if kind == "cgroup" and "cpu" in opts]
+            wanted = [(r, m) for r, m, kind, opts in found if kind == "cgroup" and "cpu" in opts]
             read = _v1_quota
         else:
             continue

@@ -27,24 +27,17 @@ import itertools
 import os
 import time
 
+from hotloop import host_cpu
+
 ENV = "HOTLOOP_CPU_CGROUP"  # a cgroup folder: contained() starts processes in it (the bench's pod regime)
 _counter = itertools.count()
 _PERIOD_US = 100_000  # the kernel's and Kubernetes' default CFS period
 
 
 def _mount(kind: str, option: str | None = None) -> str | None:
-    try:
-        with open("/proc/self/mountinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if " - " not in line:
-            continue
-        fields, after = line.split(), line.split(" - ", 1)[1].split()
-        if after[0] == kind and (option is None or option in after[2].split(",")):
-            return fields[4]
-    return None
+    """The mount point of this process's first cgroup mount of `kind` ("cgroup" or "cgroup2") with `option`."""
+    return next((point for _root, point, fs, options in host_cpu.mounts()
+                 if fs == kind and (option is None or option in options)), None)
 
 
 def _controller_root() -> tuple[str, str] | tuple[None, str]:

@@ -35,7 +35,7 @@ from hotloop.vllm.class_patches import ClassPatches
 ENV = "HOTLOOP_VLLM_READ_CPU"
 _SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"
 _patches = ClassPatches()
-_module_patches: list[tuple[object, str, object]] = []  # (module, name, the original), for uninstall
+_module_patches = ClassPatches()  # module globals replaced (deserialization's entry points)
 _lock = threading.Lock()
 _totals = {"reads": 0, "read_cpu_ns": 0, "loads_cpu_ns": 0, "read_wall_ns": 0}
 _local = threading.local()  # .loads_ns: the deserialization CPU of the read running in this thread
@@ -80,11 +80,6 @@ def requested() -> bool:
     return env_flag(ENV) is True
 
 
-def _set_module(mod, name: str, new) -> None:
-    _module_patches.append((mod, name, getattr(mod, name)))
-    setattr(mod, name, new)
-
-
 def install() -> list[str]:
     """Wrap both queues' reads and their deserialization (see the contract). Returns what was wrapped."""
     if _patches:
@@ -100,10 +95,11 @@ def install() -> list[str]:
     timed_pickle = types.ModuleType("pickle")
     timed_pickle.__dict__.update(pickle.__dict__)
     timed_pickle.loads = _timed_loads(pickle.loads)
-    _set_module(shm_broadcast, "pickle", timed_pickle)
+    _module_patches.set(shm_broadcast, "pickle", timed_pickle)
     # hotloop's reads deserialize with the loaders the ring calls from C++ (queue/serialization.py)
-    _set_module(hl_queue, "_OBJECT_LOADERS", ObjectLoaders(_timed_loads(serialization._pickle_loads),
-                                                           _timed_loads(serialization.loads), serialization.NOTHING))
+    loaders = ObjectLoaders(_timed_loads(serialization._pickle_loads), _timed_loads(serialization.loads),
+                            serialization.NOTHING)
+    _module_patches.set(hl_queue, "_OBJECT_LOADERS", loaders)
     for cls in {vllm_queue, HotloopQueue}:
         _patches.set(cls, "dequeue", _timed_read(cls.dequeue))
     return _patches.owners()
@@ -118,9 +114,7 @@ def _vllm_queue(shm_broadcast):
 
 def uninstall() -> None:
     _patches.restore()
-    while _module_patches:
-        mod, name, old = _module_patches.pop()
-        setattr(mod, name, old)
+    _module_patches.restore()
 
 
 def totals(_self=None) -> dict:

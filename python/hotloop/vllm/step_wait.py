@@ -118,6 +118,11 @@ class ReaderWait:
 chosen: list[tuple[str, ReaderWait]] = []  # (queue name, its wait) for each reader attached in this process
 
 
+def _switch_set(name: str) -> bool:
+    """Whether switch `name` is given at all (an override of the rule), whatever its value."""
+    return bool(os.environ.get(name, "").strip())
+
+
 def _switch_on(name: str) -> bool:
     """Whether switch `name` is on: unset or 1/true/yes/on; 0/false/no/off: off; anything else raises."""
     env = os.environ.get(name, "").strip().lower()
@@ -168,21 +173,23 @@ def choose(local_workers: int, on_host: bool | None = None, cores: float | None 
            quota: float | None = None) -> ReaderWait:
     """The wait of a shared-memory reader in a deployment with `local_workers` workers on this host (the module
     docstring's rule; `on_host`, `cores` and `quota` default to model_on_host(), HOST_CORES and HOST_QUOTA).
-    `cores` is what the process may use: its affinity's cores, or the quota where that is smaller."""
+    `cores` is what the process may use (host_cpu.usable_cores: its affinity's cores, or the quota where that is
+    smaller); `quota` is the cgroup's CPU quota (None: none), which decides whether a spin spends the pod's
+    quota."""
     cap = cap_us()  # first: a bad setting fails the attach, not a step later
-    paced_env = os.environ.get("HOTLOOP_VLLM_PACED", "").strip()
+    paced_set = _switch_set("HOTLOOP_VLLM_PACED")
     if cap:
-        paced = bool(paced_env) and paced_enabled()
+        paced = paced_set and paced_enabled()
         return ReaderWait("yield", cap, f"HOTLOOP_VLLM_YIELD_US={cap:g}" + " HOTLOOP_VLLM_PACED=1" * paced, paced)
-    if paced_env or cap == 0:
+    if paced_set or cap == 0:
         paced = paced_enabled()
-        why = f"HOTLOOP_VLLM_PACED={paced_env}" if paced_env else "HOTLOOP_VLLM_YIELD_US=0"
+        why = f"HOTLOOP_VLLM_PACED={os.environ['HOTLOOP_VLLM_PACED'].strip()}" if paced_set else \
+            "HOTLOOP_VLLM_YIELD_US=0"
         return ReaderWait("paced" if paced else "plain", 0.0, why)
     on_host = model_on_host() if on_host is None else on_host
     if cores is None:
         cores, quota = HOST_CORES, HOST_QUOTA if quota is None else quota
-    limited = quota is not None and quota <= cores
-    cores = min(cores, quota) if quota is not None else cores
+    limited = quota is not None and quota <= cores  # the quota, not the affinity, is what binds
     processes = 1 + max(1, local_workers)
     if on_host:
         return ReaderWait("yield", HOST_COMPUTE_YIELD_US, "the model computes on this host's cores (vLLM's CPU "
