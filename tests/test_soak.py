@@ -58,3 +58,12 @@ def test_network_soak_detects_every_partition_within_the_bound_and_loses_nothing
     for f in rec["network_faults"]:  # every fault's generation ended with its processes' descriptors counted
         assert f["fds_left"] == 0 and f["fds_reported"] >= 1, f
     assert rows["queue: messages sent (all writers)"] > 0, table
+
+
+@pytest.mark.parametrize("args,what", [(["--sustained-loss", "2"], "--sustained-loss needs --network"),
+                                       (["--no-delay-proxy"], "--no-delay-proxy needs --network"),
+                                       (["--network", "--sustained-loss", "100"], "a % in [0, 100)")])
+def test_network_options_without_what_they_need_are_refused_with_why(args, what):
+    proc = subprocess.run([sys.executable, "-m", "hotloop.cli", "soak", "--minutes", "0.1", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 2 and what in proc.stderr, (proc.returncode, proc.stderr)

@@ -193,13 +193,16 @@ def cmd_soak(args) -> int:
         print("hotloop soak: --sustained-loss needs --network (the loss is on the simulated nodes' links)",
               file=sys.stderr)
         return 2
+    if args.no_delay_proxy and not args.network:
+        print("hotloop soak: --no-delay-proxy needs --network", file=sys.stderr)
+        return 2
     if not 0 <= args.sustained_loss < 100:
         print(f"hotloop soak: --sustained-loss is a % in [0, 100), got {args.sustained_loss}", file=sys.stderr)
         return 2
     from hotloop.soak import run
 
     return run(args.minutes, args.seed, args.json, args.goal_s, not args.no_fail_on_goal, args.network,
-               args.network_interval_s, args.sustained_loss)
+               args.network_interval_s, args.sustained_loss, not args.no_delay_proxy)
 
 
 def main(argv=None) -> int:
@@ -251,6 +254,10 @@ def main(argv=None) -> int:
     s.add_argument("--sustained-loss", type=int, default=0, metavar="PCT",
                    help="with --network: every remote reader node drops PCT %% of its packets each way for the whole "
                    "run, under the other faults (default 0: off; 2 is the lossy link the keepalive is built for)")
+    s.add_argument("--no-delay-proxy", action="store_true",
+                   help="with --network: every remote reader connects straight to its writer (by default the last "
+                   "remote rank of each group reads through a user-space delay proxy, which the delay faults "
+                   "switch on); no delay faults are injected")
     s.set_defaults(fn=cmd_soak)
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -16,6 +16,8 @@ Contract:
   ``sustained_loss`` (``--sustained-loss PCT``): every remote reader node drops that share of its packets each way
   for the whole run, under the other faults: a live connection must not be lost to it (a DeadPeerError that no
   kill or partition explains is an unexpected error), and partitions must still be seen within the bound.
+  ``delay_proxy=False`` (``--no-delay-proxy``): every remote reader connects straight to its writer, and no delay
+  fault is injected (to tell what the user-space proxy adds from what the link does).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ QUEUE_GROUPS = ((0, 3, 2), (1, 3, 1))  # (writer id, readers, shared-memory read
 
 class Soak:
     def __init__(self, minutes: float, seed: int, report: Report, workdir: str, network: bool = False,
-                 network_interval_s: float = 8.0, sustained_loss: int = 0):
+                 network_interval_s: float = 8.0, sustained_loss: int = 0, delay_proxy: bool = True):
         self.minutes, self.seed, self.report = minutes, seed, report
         rng = random.Random(seed)
         self.nodes = self.net_chaos = None
@@ -54,7 +56,7 @@ class Soak:
             from hotloop.soak.nodes import SoakNodes
 
             self.bound_s = peer_timeout_s() + BOUND_SLACK_S
-            self.nodes = SoakNodes(list(QUEUE_GROUPS))
+            self.nodes = SoakNodes(list(QUEUE_GROUPS), delay_proxy)
             if sustained_loss:
                 try:
                     self.nodes.lose_steadily(sustained_loss)
@@ -173,11 +175,12 @@ def _collect_leaks(soak: Soak, me: int, shm0: set, kids0: set, fds0: set, thread
 
 def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_s: float = 1.0,
         fail_on_goal: bool = True, network: bool = False, network_interval_s: float = 8.0,
-        sustained_loss: int = 0) -> int:
+        sustained_loss: int = 0, delay_proxy: bool = True) -> int:
     """Run the soak; print the table on stdout; return the exit code (0: every must-be-0 row is 0 and the goal).
     network: the queues on simulated nodes under network faults too (needs root, iproute2 and nftables:
     ``hotloop.testing.netns.Nodes.unavailable()`` says what is missing); sustained_loss: with network, the % of
-    every remote reader node's packets dropped each way for the whole run."""
+    every remote reader node's packets dropped each way for the whole run; delay_proxy: with network, the last
+    remote rank of each group reads through a delay proxy (False: every rank connects straight, no delay faults)."""
     if network:
         from hotloop.testing.netns import Nodes
 
@@ -202,7 +205,7 @@ def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_
     me = os.getpid()
     shm0, kids0, fds0, threads0 = shm_entries(), children_of(me), open_fds(), set(threading.enumerate())
     report = Report()
-    soak = Soak(minutes, seed, report, workdir, network, network_interval_s, sustained_loss)
+    soak = Soak(minutes, seed, report, workdir, network, network_interval_s, sustained_loss, delay_proxy)
     try:
         asyncio.run(soak.run())
     finally:
@@ -216,7 +219,7 @@ def run(minutes: float = 1.0, seed: int = 0, json_path: str | None = None, goal_
     net = None
     if network:
         cfg.update(network=True, network_interval_s=network_interval_s, network_bound_s=soak.bound_s,
-                   sustained_loss_percent=sustained_loss)
+                   sustained_loss_percent=sustained_loss, delay_proxy=delay_proxy)
         net = {"faults": soak.net_chaos.faults, "bound_s": soak.bound_s}
     rec = report.build(cfg, soak.groups, soak.engine, soak.orch, soak.chaos, leaks, goal_s, fail_on_goal, net)
     print(Report.render(rec), flush=True)

@@ -10,7 +10,8 @@ Contract:
   - ``short cut``: a partition healed after 0.3-1.0 s (inside TCP's retransmissions before the peer timeout):
     nothing may be raised, lost or duplicated.
   - ``2 % loss``: 2 % of the node's packets dropped at random for 3-8 s (nftables ``numgen random``).
-  - ``delay 20 ms +- 5 ms``: the node's delay proxy switched on for 3-8 s (proxied ranks only).
+  - ``delay 20 ms +- 5 ms``: the node's delay proxy switched on for 3-8 s (proxied ranks only; never where no rank
+    is proxied, ``--no-delay-proxy``).
 - ``NetworkChaos.run(until)`` runs on the soak's event loop next to ``Chaos``: every ~``mean_interval_s``
   (exponential, at least 1 s) one fault on one free rank (``QueueGroup.net_targets``: a live generation with no
   fault on it, and none healed on its node within ``bound_s``: two short cuts a second apart are one long cut to
@@ -59,7 +60,8 @@ class NetworkChaos:
 
     async def run(self, until: float):
         rng = self.rng
-        todo = list(KINDS)
+        kinds = tuple(k for k in KINDS if k != DELAY or self.nodes.any_proxied)
+        todo = list(kinds)
         rng.shuffle(todo)  # the first faults cover every kind
         while True:
             left = until - time.monotonic()
@@ -69,11 +71,11 @@ class NetworkChaos:
             left = until - time.monotonic()
             if left <= 0:
                 break
-            kind = todo[0] if todo else rng.choice(KINDS)
+            kind = todo[0] if todo else rng.choice(kinds)
             if kind == PARTITION and left < self.bound_s + 5:
                 if todo:
                     continue
-                kind = rng.choice(KINDS[1:])
+                kind = rng.choice(kinds[1:])
             now = time.monotonic()
             free = [(g, gen, rank) for g in self.groups for gen, rank in g.net_targets()
                     if (kind != DELAY or self.nodes.proxied(g.wid, rank))

@@ -10,7 +10,7 @@ Contract:
 - ``proxied(wid, rank)``: this rank reads through a ``hotloop.testing.delay_proxy`` on its own node (started
   switched off; the delay fault switches it on), so a delay fault has a path to slow down while a partition of
   that node still cuts both the writer's connection and the reader's. The last remote rank of each group is
-  proxied, the others connect straight to the writer.
+  proxied, the others connect straight to the writer; ``SoakNodes(groups, delay_proxy=False)``: none is.
 - ``cut`` / ``lose`` / ``heal`` act on a reader rank's node (each runs ``nft`` in the node: a few ms, blocking);
   ``lose_steadily`` puts a loss on every reader node that stays under the other faults until the nodes go;
   ``close()`` removes every node, whatever state its links are in.
@@ -28,10 +28,11 @@ def reader_node(wid: int, rank: int) -> str:
 
 
 class SoakNodes:
-    def __init__(self, groups: list[tuple[int, int, int]]):
+    def __init__(self, groups: list[tuple[int, int, int]], delay_proxy: bool = True):
         """groups: (writer id, readers, shared-memory readers) of each queue group."""
         self.remote = [(wid, rank) for wid, n_reader, n_local in groups for rank in range(n_local, n_reader)]
-        self._proxied = {(wid, n_reader - 1) for wid, n_reader, n_local in groups if n_reader > n_local}
+        self._proxied = {(wid, n_reader - 1) for wid, n_reader, n_local in groups
+                         if n_reader > n_local and delay_proxy}
         self.nodes = Nodes([WRITERS, *(reader_node(w, r) for w, r in self.remote)])
 
     @property
@@ -48,6 +49,10 @@ class SoakNodes:
 
     def proxied(self, wid: int, rank: int) -> bool:
         return (wid, rank) in self._proxied
+
+    @property
+    def any_proxied(self) -> bool:
+        return bool(self._proxied)
 
     def cut(self, wid: int, rank: int) -> None:
         self.nodes.cut(reader_node(wid, rank))

@@ -152,6 +152,8 @@ class Report(Findings):
         loss = rec["config"].get("sustained_loss_percent")
         if loss:
             lines[0] += f"; every reader node losing {loss} % of its packets each way"
+        if rec["config"].get("delay_proxy") is False:
+            lines[0] += "; every remote reader connected straight (no delay proxy, no delay faults)"
         section = None
         for r in rec["rows"]:
             if r["section"] != section:
