@@ -48,14 +48,13 @@ log = logging.getLogger("hotloop.queue.remote")
 
 
 def writer_linger_s() -> float:
-    """The longest a closed writer's socket still sends what it had queued: ``WRITER_LINGER_S``, and never less
-    than the peer timeout and a second more. close() returns sooner, once each connection has taken in all that
-    was queued for it or was given up. A reader whose connection is alive is still taking messages in (the
-    heartbeat gives up, within the peer timeout, one whose process stopped, whose node vanished, or that leaves
-    its buffers full), so a closing writer waits for a live reader that is slow (a lossy or congested link, a
-    loaded host) and not for a dead one. (At the peer timeout and a second, a reader behind 5 % loss each way lost
-    the tail and got DeadPeerError instead of ClosedError: a retransmission backed off after a short cut outlasts
-    it; so did one reading a backlog slower than that.)"""
+    """The longest a closing writer waits for its readers to take in what was sent and queued for them
+    (``_wait_until_acknowledged``, then ZeroMQ's LINGER): ``WRITER_LINGER_S``, and never less than the peer
+    timeout and a second more. close() returns sooner, once each connection has acknowledged all it was sent or
+    was given up. A reader whose connection is alive is taking messages in (the heartbeat gives up, within the
+    peer timeout, one whose process stopped or whose node vanished), so a closing writer waits for a live reader
+    that is slow (a lossy or congested link, a loaded host, a process stopped for a moment) and not for a dead
+    one."""
     return max(WRITER_LINGER_S, peer_timeout_s() + 1.0)
 
 
@@ -127,9 +126,9 @@ class RemotePublisher:
         kernel's unacknowledged send bytes, SIOCOUTQ, are 0 on each), or the connection was dropped, up to
         ``writer_linger_s()``. ZeroMQ's LINGER only covers messages not yet handed to the kernel: once they are,
         ZeroMQ closes the connection, and a peer's heartbeat that arrived since is unread data, so the kernel
-        resets the connection and throws away what the peer had not acknowledged yet (measured: a reader 3 MB
-        behind lost its last 49 messages of 64 KiB, and a reader behind 5 % loss its last few, with
-        DeadPeerError in place of ClosedError). A message still in ZeroMQ's buffers is handed to the kernel as
+        resets the connection and throws away what the peer had not acknowledged yet (Linux also resets an
+        orphaned connection that receives data, a PONG after the close; measured: a reader 3 MB behind lost its
+        last 49 messages of 64 KiB every time, with DeadPeerError in place of ClosedError). A message still in ZeroMQ's buffers is handed to the kernel as
         soon as it has room, so all-acknowledged is looked for twice in a row. A dead peer's connection is
         dropped by the heartbeat (``sockets.keepalive``), which ends the wait for it."""
         deadline = time.monotonic() + writer_linger_s()
