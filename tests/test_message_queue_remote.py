@@ -127,6 +127,15 @@ def _stopped_reader(q):
     return child, report, child_end
 
 
+def _end(child, q, report, child_end) -> None:
+    """After a test with a reader process: let it run, wait for it, close the queue and the report pipe."""
+    os.kill(child.pid, signal.SIGCONT)
+    child.join(30)
+    q.close()
+    report.close()
+    child_end.close()
+
+
 def test_a_remote_reader_that_takes_nothing_in_makes_enqueue_time_out_and_loses_nothing():
     """A reader's process that takes nothing in (stopped, or its node overloaded) fills the writer's remote_hwm
     and the kernel's buffers: enqueue raises QueueTimeout naming it; once it runs again it reads every message
@@ -146,11 +155,7 @@ def test_a_remote_reader_that_takes_nothing_in_makes_enqueue_time_out_and_loses_
         q.close()
         assert report.poll(30) and report.recv() == sent
     finally:
-        os.kill(child.pid, signal.SIGCONT)
-        child.join(30)
-        q.close()
-        report.close()
-        child_end.close()
+        _end(child, q, report, child_end)
 
 
 def test_remote_bad_input_gives_clear_errors():
@@ -277,11 +282,7 @@ def test_a_writer_closed_while_a_reader_is_stopped_waits_until_the_reader_has_th
         assert report.poll(30) and report.recv() == count
         assert closed_in >= stopped_s * 0.5  # close() waited for the stopped reader
     finally:
-        os.kill(child.pid, signal.SIGCONT)
-        child.join(30)
-        q.close()
-        report.close()
-        child_end.close()
+        _end(child, q, report, child_end)
 
 
 def test_a_slow_reader_whose_writer_closes_reads_everything_and_lives():
