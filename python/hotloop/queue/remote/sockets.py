@@ -69,7 +69,7 @@ def keepalive(sock: zmq.Socket) -> None:
       connection (``ZMQ_HEARTBEAT_TIMEOUT``). (With only the writer sending PINGs, and the reader judging by
       their ``ZMQ_HEARTBEAT_TTL``, each verdict waited on a chain, the writer's retransmitted PING and then the
       PONG; the 45 s network soak at 2 % loss lost a relay's connection after two 0.8 s cuts.)
-    - Neither end's ZeroMQ receive buffer is bounded (``ZMQ_RCVHWM`` 0, the callers; a writer's sends are bounded
+    - Neither end's ZeroMQ receive buffer is bounded (``ZMQ_RCVHWM`` 0; a writer's sends are bounded
       by its ``remote_hwm``): in libzmq 4.3.5 an end with heartbeats whose receive buffer is full (its reader
       behind) and whose connection is then reset writes a PING or a PONG on the closed connection and aborts the
       process ("Assertion failed: !_io_error (src/stream_engine_base.cpp:310)", zeromq/libzmq#4767, open:
@@ -104,6 +104,7 @@ def keepalive(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, timeout - 1)
     sock.setsockopt(zmq.HEARTBEAT_IVL, int(PING_INTERVAL_S * 1000))
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout * 1000)
+    sock.setsockopt(zmq.RCVHWM, 0)
 
 
 def reader_socket(ctx: zmq.Context, server_public: bytes, client_keys: tuple[bytes, bytes]) -> zmq.Socket:
@@ -119,7 +120,6 @@ def reader_socket(ctx: zmq.Context, server_public: bytes, client_keys: tuple[byt
         sock.curve_publickey, sock.curve_secretkey = client_keys
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, NO_RECONNECT_MS)
-        sock.setsockopt(zmq.RCVHWM, 0)  # never full: see keepalive
         keepalive(sock)
     except BaseException:  # keys ZeroMQ refuses (not z85): a socket left open would hold the context's term()
         sock.close(linger=0)
