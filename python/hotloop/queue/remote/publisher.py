@@ -97,7 +97,6 @@ class RemotePublisher:
         self._sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe reaches us
         self._sock.setsockopt(zmq.XPUB_NODROP, 1)  # a slow reader makes send wait instead of losing messages
         self._sock.setsockopt(zmq.SNDHWM, hwm)
-        self._sock.setsockopt(zmq.RCVHWM, 0)  # subscriptions: never full (see sockets.keepalive)
         self._sock.setsockopt(zmq.LINGER, int(writer_linger_s() * 1000))
         keepalive(self._sock)
         self._monitor = monitor_socket(self._sock, _HANDSHAKE_FAILED | _CONNECTION | zmq.EVENT_MONITOR_STOPPED)
@@ -128,11 +127,12 @@ class RemotePublisher:
         ZeroMQ closes the connection, and a peer's heartbeat that arrived since is unread data, so the kernel
         resets the connection and throws away what the peer had not acknowledged yet (Linux also resets an
         orphaned connection that receives data, a PONG after the close; measured: a reader 3 MB behind lost its
-        last 49 messages of 64 KiB every time, with DeadPeerError in place of ClosedError). A message still in ZeroMQ's buffers is handed to the kernel as
-        soon as it has room, so all-acknowledged is looked for twice in a row. A dead peer's connection is
-        dropped by the heartbeat (``sockets.keepalive``), which ends the wait for it."""
+        last 49 messages of 64 KiB every time, with DeadPeerError in place of ClosedError). A message still in
+        ZeroMQ's buffers is handed to the kernel as soon as it has room, so all-acknowledged is looked for twice in
+        a row. A dead peer's connection is dropped by the heartbeat (``sockets.keepalive``), which ends the wait
+        for it."""
         deadline = time.monotonic() + writer_linger_s()
-        quiet_looks = 0
+        quiet_looks = unacknowledged = 0
         while quiet_looks < 2 and (left := deadline - time.monotonic()) > 0:
             self._drain_monitor()
             unacknowledged = sum(_unacknowledged_bytes(fd) for fd in self._connection_fds)
@@ -141,8 +141,8 @@ class RemotePublisher:
                 self._monitor.poll(max(1, int(min(left, DRAIN_CHECK_INTERVAL) * 1000)))
         if quiet_looks < 2:
             log.warning("queue %s: closing with %d bytes sent to remote readers not acknowledged after %.1f s; "
-                        "a reader that is alive but this far behind loses them", self.queue_name,
-                        sum(_unacknowledged_bytes(fd) for fd in self._connection_fds), writer_linger_s())
+                        "a reader that is alive but this far behind loses them", self.queue_name, unacknowledged,
+                        writer_linger_s())
 
     def _wait_until_sent(self) -> None:
         """After close: wait until ZeroMQ destroyed the socket, which it does once every queued message went out
