@@ -92,12 +92,11 @@ _SPIN_US = 20.0
 # workers' waits between steps (the engine core's turn: output processing and the next schedule) are 0.3-1 ms;
 # the engine core's (the step's compute) 2.5-7 ms at TP=2 and ~2.5 ms at TP=1 batch 16, above it: it parks.
 HOST_COMPUTE_YIELD_US = 1000.0
-# The cores this process may run on, read once when the plugin loads it (vLLM's CPU workers narrow their own
-# affinity later, when they bind their OpenMP threads), and its cgroup's CPU quota in cores (a container's CPU
-# limit; None: none). The rule counts the smaller of the two as the host's cores.
-HOST_AFFINITY = len(os.sched_getaffinity(0))
+# The host's cores as the rule counts them (the smaller of this process's affinity and its cgroup's CPU quota, a
+# container's CPU limit), and the quota alone (None: none), read once when the plugin loads (vLLM's CPU workers
+# narrow their own affinity later, when they bind their OpenMP threads).
 HOST_QUOTA = host_cpu.cpu_quota()
-HOST_CORES = min(float(HOST_AFFINITY), HOST_QUOTA) if HOST_QUOTA is not None else float(HOST_AFFINITY)
+HOST_CORES = host_cpu.usable_cores()
 _FLAG_ON, _FLAG_OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
