@@ -1,9 +1,10 @@
 """ClassPatches: attributes of vLLM's classes (or of modules) replaced in this process, and put back.
 
-Contract: ``set(owner, attr, new)`` (owner: a class or a module) remembers what ``owner`` itself held under ``attr`` (or that it held nothing:
-an inherited or absent attribute) and sets ``new``; ``restore()`` puts every remembered attribute back (deleting
-the ones that were not there) and forgets them; ``bool(patches)`` says whether any is set. Not thread-safe: the
-plugin installs and uninstalls from one thread, before vLLM's threads use the classes.
+Contract: ``set(owner, attr, new)`` (owner: a class or a module) remembers what ``owner`` itself held under
+``attr`` (or that it held nothing: an inherited or absent attribute) and sets ``new``; ``restore()`` puts every
+remembered attribute back (deleting the ones that were not there) and forgets them; ``bool(patches)`` says whether
+any is set. Not thread-safe: the plugin installs and uninstalls from one thread, before vLLM's threads use the
+classes.
 """
 
 from __future__ import annotations
