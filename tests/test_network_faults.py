@@ -266,3 +266,37 @@ def test_a_steady_loss_stays_under_cuts_and_heals(nodes):
     assert tables("r0") == {"hotloop_loss", "hotloop_cut"}
     nodes.heal("r0")
     assert tables("r0") == {"hotloop_loss"}
+
+
+_ACCEPTOR = "import socket\ns = socket.create_server(('0.0.0.0', 5555), backlog=512)\nwhile True:\n    s.accept()[0].close()"
+_CONNECTS = """import socket, sys
+ok = 0
+for _ in range(int(sys.argv[2])):
+    try:
+        socket.create_connection((sys.argv[1], 5555), timeout=0.3).close()
+        ok += 1
+    except OSError:
+        pass
+print(ok)"""
+
+
+def test_cuts_and_loss_act_on_a_nodes_link_never_its_loopback(nodes):
+    """A partition or a lossy link cuts a node off from the others, not its processes from each other: a reader
+    and its node's relay or delay proxy talk over 127.0.0.1 (before, the soak's proxied reader crossed a lossy or
+    cut loopback as well as the lossy link, each packet dropped twice on the way, out and in)."""
+    nodes.popen("r0", [sys.executable, "-c", _ACCEPTOR])
+
+    def connects(from_node, address, n):
+        return int(subprocess.run(["ip", "netns", "exec", nodes.ns[from_node], sys.executable, "-c", _CONNECTS,
+                                   address, str(n)], check=True, capture_output=True, text=True).stdout)
+
+    deadline = time.monotonic() + 10
+    while connects("r0", "127.0.0.1", 1) == 0:  # the acceptor is up
+        assert time.monotonic() < deadline, "the node's acceptor did not start"
+    nodes.lose("r0", 50, steady=True)
+    assert connects("r0", "127.0.0.1", 40) == 40  # its loopback loses nothing
+    assert connects("writer", nodes.addr["r0"], 40) < 40  # its link does (each connect needs 2 packets through)
+    nodes.cut("r0")
+    assert connects("r0", "127.0.0.1", 10) == 10
+    assert connects("writer", nodes.addr["r0"], 3) == 0
+    nodes.heal("r0")

@@ -75,9 +75,11 @@ def interfaces() -> list[str]:
     return [name for _, name in socket.if_nameindex()]
 
 
+# A node's rules act on its link, never on its loopback: a partition or a lossy link cuts a node off from the
+# others, not its processes from each other (a reader and its node's relay or delay proxy talk over 127.0.0.1).
 _CUT = """table inet hotloop_cut {
-  chain in { type filter hook input priority -100; policy drop; }
-  chain out { type filter hook output priority -100; policy drop; }
+  chain in { type filter hook input priority -100; policy drop; iifname "lo" accept; }
+  chain out { type filter hook output priority -100; policy drop; oifname "lo" accept; }
 }
 """
 _NODE_SETS = itertools.count()
@@ -156,8 +158,9 @@ class Nodes:
         other faults)."""
         rule = f"numgen random mod 100 < {int(percent)} drop"
         table = ("table inet " + ("hotloop_loss" if steady else "hotloop_cut") + " {\n"
-                 f"  chain in {{ type filter hook input priority -100; policy accept; {rule}; }}\n"
-                 f"  chain out {{ type filter hook output priority -100; policy accept; {rule}; }}\n}}\n")
+                 f"  chain in {{ type filter hook input priority -100; policy accept; iifname != \"lo\" {rule}; }}\n"
+                 f"  chain out {{ type filter hook output priority -100; policy accept; oifname != \"lo\" {rule}; }}\n"
+                 "}\n")
         subprocess.run(["ip", "netns", "exec", self.ns[node], "nft", "-f", "-"], input=table, text=True, check=True,
                        capture_output=True)
 
