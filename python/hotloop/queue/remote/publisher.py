@@ -52,9 +52,9 @@ def writer_linger_s() -> float:
     A reader whose connection is alive is taking messages in (its process takes in what arrives; the heartbeat
     gives up, within the peer timeout, one whose process stopped or whose node vanished), so a live reader that is
     slow (a lossy link, a loaded host, a process stopped for a moment) gets the tail when it catches up within
-    this, and a dead one costs no more than this. (At 30 s, the 10-minute soak at 5 % loss had a writer whose
-    close did not end within its 30 s hang check after a partition, once in 71 generations, not explained yet: the
-    bound stays where a hang cannot hide.)"""
+    this, and a dead one costs no more than this. (Each of close's two waits takes up to this bound, so at 30 s a
+    close could outlast the soak's 30 s hang check, and did once in 71 generations of the 10-minute soak at 5 %
+    loss, after a partition; the bound stays where a hang cannot hide.)"""
     return peer_timeout_s() + 1.0
 
 
