@@ -3,6 +3,7 @@ behind (``no_leaks``); ``children()`` and ``own_segments()`` for tests that chec
 
 import importlib.util
 import os
+import signal
 import struct
 import threading
 import time
@@ -14,6 +15,13 @@ import pytest
 from multiprocessing import resource_tracker  # noqa: E402
 
 resource_tracker.ensure_running()
+
+# Ctrl-C as a terminal gives it, whatever started the suite: a shell's background job (`cmd &` without job control,
+# nohup) starts with SIGINT ignored, a disposition its children inherit through exec, and a Python started that way
+# installs no KeyboardInterrupt handler, so the tests that send SIGINT to a waiting child would see it ignored. A
+# handler set here is reset to the default in every child at exec, where Python installs its own.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config):
