@@ -8,8 +8,9 @@
 - :class:`Nodes`: named network namespaces ("nodes"), each joined to the first by its own veth pair with an
   address in 10.<n>.0.0/24, so the only traffic between them crosses links the test owns (the first node
   forwards between the others). ``cut(node)`` drops
-  every packet in and out of a node (an nftables drop-all table: a partition, no process is told),
-  ``lose(node, percent)`` drops that share of them at random, ``heal(node)`` removes either;
+  every packet in and out of a node over its link (an nftables drop-all table: a partition, no process is told;
+  its loopback is left alone), ``lose(node, percent)`` drops that share of them at random, ``heal(node)`` removes
+  either;
   ``popen(node, argv)`` starts a process on a node (``HOTLOOP_NODE_ID`` set to its name); a process started
   otherwise (multiprocessing's spawn) moves itself onto one with ``join(nodes.path(node))`` before it opens any
   socket (``HOTLOOP_NODE_ID`` set to the node's namespace). ``Nodes.unavailable()`` says why they cannot be made
@@ -148,14 +149,15 @@ class Nodes:
         return proc
 
     def cut(self, node: str) -> None:
-        """Drop every packet in and out of ``node`` from now on (its processes keep running)."""
+        """Drop every packet in and out of ``node`` over its link from now on (its processes keep running, and
+        keep talking to each other over its loopback)."""
         subprocess.run(["ip", "netns", "exec", self.ns[node], "nft", "-f", "-"], input=_CUT, text=True, check=True,
                        capture_output=True)
 
     def lose(self, node: str, percent: int, steady: bool = False) -> None:
-        """Drop ``percent`` % of the packets in and out of ``node``, at random (until ``heal``). ``steady``: in a
-        table of its own that ``cut`` and ``heal`` leave alone, for the node's whole life (a lossy link under the
-        other faults)."""
+        """Drop ``percent`` % of the packets in and out of ``node`` over its link, at random (until ``heal``).
+        ``steady``: in a table of its own that ``cut`` and ``heal`` leave alone, for the node's whole life (a lossy
+        link under the other faults)."""
         rule = f"numgen random mod 100 < {int(percent)} drop"
         table = ("table inet " + ("hotloop_loss" if steady else "hotloop_cut") + " {\n"
                  f"  chain in {{ type filter hook input priority -100; policy accept; iifname != \"lo\" {rule}; }}\n"
