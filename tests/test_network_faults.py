@@ -268,7 +268,13 @@ def test_a_steady_loss_stays_under_cuts_and_heals(nodes):
     assert tables("r0") == {"hotloop_loss"}
 
 
-_ACCEPTOR = "import socket\ns = socket.create_server(('0.0.0.0', 5555), backlog=512)\nwhile True:\n    s.accept()[0].close()"
+_ACCEPTOR = """import selectors, socket, sys
+sel = selectors.DefaultSelector()
+for address in sys.argv[1:]:  # the node's loopback and its link's address, each its own listener
+    sel.register(socket.create_server((address, 5555), backlog=512), selectors.EVENT_READ)
+while True:
+    for key, _ in sel.select():
+        key.fileobj.accept()[0].close()"""
 _CONNECTS = """import socket, sys
 ok = 0
 for _ in range(int(sys.argv[2])):
@@ -284,7 +290,7 @@ def test_cuts_and_loss_act_on_a_nodes_link_never_its_loopback(nodes):
     """A partition or a lossy link cuts a node off from the others, not its processes from each other: a reader
     and its node's relay or delay proxy talk over 127.0.0.1 (before, the soak's proxied reader crossed a lossy or
     cut loopback as well as the lossy link, each packet dropped twice on the way, out and in)."""
-    nodes.popen("r0", [sys.executable, "-c", _ACCEPTOR])
+    nodes.popen("r0", [sys.executable, "-c", _ACCEPTOR, "127.0.0.1", nodes.addr["r0"]])
 
     def connects(from_node, address, n):
         return int(subprocess.run(["ip", "netns", "exec", nodes.ns[from_node], sys.executable, "-c", _CONNECTS,
