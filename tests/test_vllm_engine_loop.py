@@ -14,7 +14,8 @@ import pytest
 
 from hotloop import ClosedError, WaitPolicy, wait_any
 from hotloop.vllm import MessageQueue
-from hotloop.vllm.engine_loop import EngineInputQueue, StepWait, _InputQueueSlot
+from hotloop.vllm.engine_loop import EngineInputQueue, StepWait
+from hotloop.vllm.queue_slot import QueueSlot
 
 
 # ---- the input queue ----
@@ -44,7 +45,7 @@ def test_engine_input_queue_blocking_get_is_woken_by_another_thread():
 
 
 class _Core:
-    input_queue = _InputQueueSlot()
+    input_queue = QueueSlot("input_queue", EngineInputQueue)
 
 
 def test_the_slot_converts_vllms_queue_in_place_without_losing_or_reordering_items():

@@ -111,6 +111,9 @@ def _check_inputs_during_steps(res: dict, reference: dict) -> None:
     assert res["C_end"] == [[], "abort"], res["C_end"]
     assert res["unfinished_after"] == 0
     assert res["inputs_in_step"] >= 5  # B's add, the utility calls, C's add, two aborts
+    # the loop sends the step's outputs from the engine core's main thread (output_send.py): with a step every
+    # STEP_S, nothing is ever queued ahead of an output, so none waits for vLLM's output thread
+    assert res["outputs"]["direct"] >= 8 and res["outputs"]["queued"] <= 2, res["outputs"]
 
 
 def test_vllms_own_loop_waits_for_the_step(vllms_own):

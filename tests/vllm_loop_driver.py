@@ -129,6 +129,7 @@ async def main(model: str, ending: str) -> dict:
     if loop:
         state = await core.call_utility_async("hotloop_loop_state")
         res["unfinished_after"], res["inputs_in_step"] = state["unfinished"], state["inputs_in_step"]
+        res["outputs"] = state["outputs"]
 
     # the engine still answers, with the same tokens
     await engine.collective_rpc(slow_steps, args=(0.0,))

@@ -35,6 +35,9 @@ Contract:
   queue when ``HOTLOOP_VLLM_LOOP`` is 1/true/yes/on (off by default until it meets its latency goals;
   docs/vllm.md). ``install()`` turns it on in a process that has vLLM's engine core loaded (the engine-core
   process loads plugins from ``EngineCore.__init__``); workers never load it.
+- With the loop (or ``HOTLOOP_VLLM_SEND=1`` without it; ``0`` turns it off), the engine core sends each output
+  from the thread that makes it where nothing is queued ahead of it, instead of handing it to vLLM's output
+  thread (``output_send.py``).
 """
 
 from __future__ import annotations
@@ -140,6 +143,20 @@ def _install_loop() -> bool:
     return False
 
 
+def _install_send() -> bool:
+    """The engine core's outputs sent by the thread that makes them (``output_send.py``), where the environment asks
+    for it (HOTLOOP_VLLM_SEND; unset, with the engine-core loop) and vLLM's engine core is loaded."""
+    from hotloop.vllm import output_send
+
+    if output_send.send_enabled() and "vllm.v1.engine.core" in sys.modules:
+        output_send.install()
+        log.info("hotloop: vLLM's engine core sends each output from the thread that makes it (HOTLOOP_VLLM_SEND=%s, "
+                 "HOTLOOP_VLLM_LOOP=%s) in process %d", os.environ.get("HOTLOOP_VLLM_SEND", "unset"),
+                 os.environ.get("HOTLOOP_VLLM_LOOP", "unset"), os.getpid())
+        return True
+    return False
+
+
 def _install_device_wait() -> None:
     """The GPU worker's wait for its sampled tokens on a StepNotifier, where HOTLOOP_VLLM_DEVICE_WAIT asks for it."""
     from hotloop.vllm import device_wait
@@ -175,6 +192,7 @@ def install() -> list[str]:
     current = shm_broadcast.__dict__["MessageQueue"]
     if current is MessageQueue:
         _install_loop()
+        _install_send()
         _install_device_wait()
         _install_ray_liveness()
         return [name for name, _ in _patched]
@@ -187,6 +205,7 @@ def install() -> list[str]:
     log.info("hotloop: vLLM %s runs on hotloop's MessageQueue (shared-memory ring, GIL-free spin/yield/park waits) "
              "in process %d; patched %d module(s)", version, os.getpid(), len(_patched))
     _install_loop()
+    _install_send()
     _install_device_wait()
     _install_ray_liveness()
     return [name for name, _ in _patched]
@@ -196,9 +215,10 @@ def uninstall() -> None:
     """Put vLLM's own MessageQueue back where install() replaced it (this process only; HOTLOOP_VLLM is
     removed from os.environ)."""
     global _original
-    from hotloop.vllm import device_wait, ray_liveness
+    from hotloop.vllm import device_wait, output_send, ray_liveness
 
     engine_loop.uninstall()
+    output_send.uninstall()
     device_wait.uninstall()
     ray_liveness.uninstall()
     if _original is not None:

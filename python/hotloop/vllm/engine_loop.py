@@ -45,6 +45,7 @@ import time
 from hotloop._core import InputQueue, WaitPolicy, wait_any
 from hotloop.vllm import step_wait as _step_wait
 from hotloop.vllm.class_patches import ClassPatches
+from hotloop.vllm.queue_slot import QueueSlot
 
 _ENGINE_CORE = "vllm.v1.engine.core"
 _EXECUTOR = "vllm.v1.executor.multiproc_executor"
@@ -90,40 +91,6 @@ class EngineInputQueue:
 
     def full(self) -> bool:
         return False
-
-
-class _InputQueueSlot:
-    """``EngineCoreProc.input_queue`` while installed. vLLM's constructor assigns a ``queue.Queue`` before the plugin
-    loads (``EngineCore.__init__`` loads plugins), so the queue is converted on its first read after that: under a
-    lock, its items moved in order into an :class:`EngineInputQueue` that takes its place. Every reader, the input
-    thread's ``put_nowait`` included, gets the queue through this read, so none holds the old one afterwards."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-
-    def __get__(self, core, owner=None):
-        if core is None:
-            return self
-        try:
-            q = core.__dict__["input_queue"]
-        except KeyError:
-            raise AttributeError("input_queue") from None
-        return q if type(q) is not queue.Queue else self._convert(core)
-
-    def __set__(self, core, value):
-        core.__dict__["input_queue"] = value
-
-    def _convert(self, core) -> EngineInputQueue:
-        with self._lock:
-            q = core.__dict__["input_queue"]
-            if type(q) is queue.Queue:
-                new = EngineInputQueue()
-                with q.mutex:
-                    for item in q.queue:
-                        new.put(item)
-                    q.queue.clear()
-                core.__dict__["input_queue"] = q = new
-        return q
 
 
 def _response_of(future) -> tuple[list, float | None] | None:
@@ -255,11 +222,13 @@ def in_step() -> bool:
 
 def loop_state(core) -> dict:
     """A vLLM utility method of the engine core while installed (``call_utility_async("hotloop_loop_state")``):
-    whether this call was handled while a step ran, how many inputs the loop has handled during steps, and the
-    scheduler's unfinished requests."""
+    whether this call was handled while a step ran, how many inputs the loop has handled during steps, the
+    scheduler's unfinished requests, and how the outputs went out (``output_send.counts``)."""
+    from hotloop.vllm import output_send
+
     step_wait = core.__dict__.get("_hotloop_step_wait")
     return {"in_step": in_step(), "inputs_in_step": step_wait.inputs_in_step if step_wait else 0,
-            "unfinished": core.scheduler.get_num_unfinished_requests()}
+            "unfinished": core.scheduler.get_num_unfinished_requests(), "outputs": output_send.counts(core)}
 
 
 def install() -> None:
@@ -271,7 +240,7 @@ def install() -> None:
     proc, future = core.EngineCoreProc, executor.FutureWrapper
     if getattr(proc.__dict__.get("_process_engine_step"), "__hotloop__", False):
         return
-    _patches.set(proc, "input_queue", _InputQueueSlot())
+    _patches.set(proc, "input_queue", QueueSlot("input_queue", EngineInputQueue))
     _patches.set(proc, "_process_engine_step", _in_step(proc.__dict__["_process_engine_step"]))
     _patches.set(proc, "hotloop_loop_state", loop_state)
     _patches.set(future, "result", _waiting_result(future.__dict__["result"]))

@@ -1,0 +1,186 @@
+"""The engine core's outputs sent by the thread that makes them, without a hand-off to vLLM's output thread.
+
+Contract:
+
+- What vLLM does (0.30-0.33, ``vllm/v1/engine/core.py``): the engine core's main thread puts each step's outputs
+  into ``output_queue`` (a ``queue.Queue``); the output thread (``process_output_sockets``) takes them, encodes
+  them (``MsgpackEncoder.encode_into``, into a buffer ZeroMQ is done with) and sends them on the front end's PUSH
+  socket (the data-parallel coordinator's for client index -1). Each output so waits for a thread's wake-up and
+  then for the GIL, which the main thread holds while it schedules and broadcasts the next step.
+- What ``install()`` changes (the engine-core process, ``EngineCoreProc`` and its subclasses): ``output_queue`` is
+  an :class:`OutputQueue` (converted on its first read: ``queue_slot.py``) and ``process_output_sockets`` is this
+  module's, which makes the same sockets (vLLM's ``make_zmq_socket``, PUSH, linger 4 s) and encodes the same way.
+  A put with nothing queued before it is encoded and sent at once by the thread that puts it, with ``NOBLOCK``;
+  otherwise it is queued for the output thread, which sends it as vLLM's does. Queued are: a put behind one still
+  queued or being sent, one the socket would block on (no front end connected yet), one the encoder or socket
+  refuses (the output thread then meets the error where vLLM's meets it), ``ENGINE_CORE_DEAD``, and every put
+  before the sockets are made or after the output thread has ended.
+- Order: outputs leave in put order, whichever thread sends them: a put sends itself only when nothing is queued
+  or in the output thread's hands (``unsent == 0``), checked under the lock that also serializes those sends. The
+  sockets are used by one thread at a time (libzmq allows a socket to move between threads across a full memory
+  barrier: the lock, and the queue's own mutex).
+- Switch: ``HOTLOOP_VLLM_SEND`` (1/true/yes/on, 0/false/no/off); unset, it comes with the engine-core loop
+  (``HOTLOOP_VLLM_LOOP``). ``uninstall()`` puts vLLM's back for engine cores made afterwards.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import queue
+import sys
+import threading
+
+import zmq
+
+from hotloop.vllm.class_patches import ClassPatches
+from hotloop.vllm.queue_slot import QueueSlot
+
+_ENGINE_CORE = "vllm.v1.engine.core"
+
+
+class OutputSender:
+    """The output thread's sockets and encoder, as vLLM's ``process_output_sockets`` keeps them: one PUSH socket
+    per client, the coordinator's (client index -1) or None, and the send buffers reused once ZeroMQ is done with
+    them. Used by one thread at a time (see the module's contract)."""
+
+    def __init__(self, sockets, coord_socket, engine_index: int, encoder):
+        self.sockets = sockets
+        self.coord_socket = coord_socket
+        self.engine_index = engine_index
+        self.encoder = encoder
+        self.reuse: list[bytearray] = []
+        self.in_flight: collections.deque = collections.deque()  # (tracker, buffer) ZeroMQ may still be sending
+        self.max_reuse = len(sockets) + 1
+
+    def send(self, output, flags: int = 0) -> None:
+        """Encode and send one ``(client_index, EngineCoreOutputs)``. With ``zmq.NOBLOCK`` in `flags` it raises
+        ``zmq.Again`` having sent nothing where the socket would block (a message's frames go all or none)."""
+        client_index, outputs = output
+        outputs.engine_index = self.engine_index
+        if client_index == -1:  # the coordinator's: small, no buffer reuse (as vLLM)
+            self.coord_socket.send_multipart(self.encoder.encode(outputs), flags)
+            return
+        while self.in_flight and self.in_flight[-1][0].done:
+            done = self.in_flight.pop()[1]
+            if len(self.reuse) < self.max_reuse:
+                self.reuse.append(done)
+        buffer = self.reuse.pop() if self.reuse else bytearray()
+        frames = self.encoder.encode_into(outputs, buffer)
+        # the first frame tracked (its buffer is reused), the rest sent with it as one message
+        more = zmq.SNDMORE if len(frames) > 1 else 0
+        tracker = self.sockets[client_index].send(frames[0], flags | more, copy=False, track=True)
+        if more:
+            self.sockets[client_index].send_multipart(frames[1:], flags, copy=False)
+        if not tracker.done:
+            self.in_flight.appendleft((tracker, buffer))
+        elif len(self.reuse) < self.max_reuse:
+            self.reuse.append(buffer)
+
+
+class OutputQueue(queue.Queue):
+    """The engine core's ``output_queue``: a put sends its output at once where nothing is ahead of it (see the
+    module's contract), else queues it for the output thread. ``direct`` and ``queued`` count the two ways."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+        self.sender: OutputSender | None = None  # set while the output thread's sockets are open
+        self.unsent = 0  # outputs queued or in the output thread's hands
+        self.direct = 0
+        self.queued = 0
+
+    def put(self, item, block: bool = True, timeout: float | None = None) -> None:
+        with self.lock:
+            if self.unsent == 0 and self.sender is not None and not isinstance(item, bytes):
+                try:
+                    self.sender.send(item, zmq.NOBLOCK)
+                except Exception:  # would block, or refused: the output thread sends it (or fails) as vLLM's
+                    pass
+                else:
+                    self.direct += 1
+                    return
+            self.unsent += 1
+            self.queued += 1
+            super().put(item, block, timeout)  # unbounded: never blocks
+
+    def attach(self, sender: OutputSender | None) -> None:
+        with self.lock:
+            self.sender = sender
+
+    def sent(self) -> None:
+        """The output thread has sent one output it took."""
+        with self.lock:
+            self.unsent -= 1
+
+
+def process_output_sockets(self, output_paths: list[str], coord_output_path: str | None, engine_index: int):
+    """vLLM's output thread (``EngineCoreProc.process_output_sockets``), its sockets shared with the putting thread
+    through the ``OutputQueue``."""
+    core = sys.modules[_ENGINE_CORE]
+    out = self.output_queue
+    with contextlib.ExitStack() as stack, zmq.Context() as ctx:  # linger: ENGINE_CORE_DEAD goes out before close
+        sockets = [stack.enter_context(core.make_zmq_socket(ctx, path, zmq.PUSH, linger=4000))
+                   for path in output_paths]
+        coord_socket = (stack.enter_context(core.make_zmq_socket(ctx, coord_output_path, zmq.PUSH, bind=False,
+                                                                 linger=4000))
+                        if coord_output_path is not None else None)
+        sender = OutputSender(sockets, coord_socket, engine_index, core.MsgpackEncoder())
+        direct = isinstance(out, OutputQueue)
+        if direct:
+            out.attach(sender)
+        try:
+            while True:
+                output = out.get()
+                if output == core.EngineCoreProc.ENGINE_CORE_DEAD:
+                    for socket in sockets:
+                        socket.send(output)
+                    break
+                assert not isinstance(output, bytes)
+                sender.send(output)
+                if direct:
+                    out.sent()
+        finally:
+            if direct:
+                out.attach(None)  # before the sockets close: later puts are queued
+
+
+def send_enabled() -> bool:
+    """HOTLOOP_VLLM_SEND where set, else whether the engine-core loop is on."""
+    from hotloop.vllm import env_flag, loop_enabled
+
+    flag = env_flag("HOTLOOP_VLLM_SEND")
+    return loop_enabled() if flag is None else flag
+
+
+_patches = ClassPatches()
+
+
+def install() -> None:
+    """Outputs sent by their putting thread in this process (idempotent). Needs vLLM's engine-core module."""
+    import importlib
+
+    proc = importlib.import_module(_ENGINE_CORE).EngineCoreProc
+    if proc.__dict__.get("process_output_sockets") is process_output_sockets:
+        return
+    _patches.set(proc, "output_queue", QueueSlot("output_queue", OutputQueue))
+    _patches.set(proc, "process_output_sockets", process_output_sockets)
+
+
+def uninstall() -> None:
+    _patches.restore()
+
+
+def is_installed() -> bool:
+    core = sys.modules.get(_ENGINE_CORE)
+    return core is not None and core.EngineCoreProc.__dict__.get("process_output_sockets") is process_output_sockets
+
+
+def counts(core) -> dict:
+    """How the engine core's outputs went out so far: ``{"direct": n, "queued": n}`` (zeros on vLLM's queue)."""
+    q = core.__dict__.get("output_queue")
+    return {"direct": q.direct, "queued": q.queued} if isinstance(q, OutputQueue) else {"direct": 0, "queued": 0}
+
+
+__all__ = ["OutputQueue", "OutputSender", "counts", "install", "is_installed", "process_output_sockets",
+           "send_enabled", "uninstall"]

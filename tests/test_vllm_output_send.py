@@ -1,0 +1,253 @@
+"""The engine core's outputs sent by their putting thread (hotloop.vllm.output_send), against a stand-in of vLLM's
+engine-core module (its make_zmq_socket, MsgpackEncoder and EngineCoreProc) and real ZeroMQ sockets: every output
+arrives once, in put order, whichever thread sends it, also when the front end is not there yet, when the encoder
+refuses one, and after the output thread has ended."""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import sys
+import threading
+import types
+import uuid
+
+import pytest
+import zmq
+
+from hotloop.vllm import output_send
+from hotloop.vllm.output_send import OutputQueue
+from hotloop.vllm.queue_slot import QueueSlot
+
+DEAD = b"ENGINE_CORE_DEAD"
+
+
+class Outputs:
+    def __init__(self, value):
+        self.value = value
+        self.engine_index = None
+
+
+class Encoder:
+    """MsgpackEncoder's two calls, pickling; refuses an Outputs whose value is "refuse"."""
+
+    def encode_into(self, outputs, buf):
+        if outputs.value == "refuse":
+            raise TypeError("cannot encode")
+        buf[:] = pickle.dumps((outputs.engine_index, outputs.value))
+        return [buf, b"tail"]
+
+    def encode(self, outputs):
+        return [pickle.dumps(("coord", outputs.value))]
+
+
+def make_socket(ctx, path, socket_type, bind=None, linger=None):
+    sock = ctx.socket(socket_type)
+    sock.linger = linger
+    sock.connect(path) if not bind else sock.bind(path)
+    return sock
+
+
+class Core:
+    output_queue = QueueSlot("output_queue", OutputQueue)
+    process_output_sockets = output_send.process_output_sockets
+    ENGINE_CORE_DEAD = DEAD
+
+    def __init__(self):
+        self.output_queue = queue.Queue()  # vLLM's constructor's, before the plugin loads
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    mod = types.SimpleNamespace(make_zmq_socket=make_socket, MsgpackEncoder=Encoder, EngineCoreProc=Core)
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.core", mod)
+    return mod
+
+
+@pytest.fixture
+def front_end():
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    addr = f"ipc:///tmp/hotloop-output-send-{uuid.uuid4().hex}"
+    pull.bind(addr)
+    yield addr, pull
+    pull.close(0)
+    ctx.term()
+
+
+def receive(pull, n, timeout_ms=5000):
+    got = []
+    while len(got) < n:
+        assert pull.poll(timeout_ms), f"only {len(got)} of {n} outputs arrived"
+        frames = pull.recv_multipart()
+        if frames == [DEAD]:
+            got.append(DEAD)
+            continue
+        assert frames[1] == b"tail"  # the message's frames arrive together
+        got.append(pickle.loads(frames[0]))
+    return got
+
+
+def start(core, addr):
+    thread = threading.Thread(target=core.process_output_sockets, args=([addr], None, 7), daemon=True)
+    thread.start()
+    return thread
+
+
+def attached(q):
+    with q.lock:
+        return q.sender is not None
+
+
+def wait_attached(q):
+    for _ in range(5000):
+        if attached(q):
+            return
+        threading.Event().wait(0.001)
+    raise AssertionError("the output thread never opened its sockets")
+
+
+def test_two_threads_puts_arrive_once_each_in_put_order(fake_vllm, front_end):
+    addr, pull = front_end
+    core = Core()
+    core.__dict__["output_queue"].put_nowait((0, Outputs(("early", 0))))  # put before the conversion
+    thread = start(core, addr)
+    q = core.output_queue
+    try:
+        wait_attached(q)
+        n = 3000
+
+        def put_many(tag):
+            for i in range(n):
+                core.output_queue.put_nowait((0, Outputs((tag, i))))
+
+        other = threading.Thread(target=put_many, args=("other",))
+        other.start()
+        put_many("main")
+        other.join()
+        got = receive(pull, 2 * n + 1)
+        assert got[0] == (7, ("early", 0))  # engine_index set, the early one first
+        for tag in ("main", "other"):
+            assert [v for _, (t, v) in got if t == tag] == list(range(n))  # none lost, duplicated or reordered
+        assert q.direct + q.queued == 2 * n + 1 and q.direct > 0  # a flood: most queue behind the ones ahead
+        assert not pull.poll(50)
+    finally:
+        q.put_nowait(DEAD)
+        thread.join(5)
+    assert not thread.is_alive() and receive(pull, 1) == [DEAD]
+
+
+def test_an_output_with_nothing_ahead_of_it_is_sent_by_the_putting_thread(fake_vllm, front_end):
+    # a step's outputs, one at a time: each goes out without the hand-off to the output thread
+    addr, pull = front_end
+    core = Core()
+    thread = start(core, addr)
+    q = core.output_queue
+    try:
+        wait_attached(q)
+        for i in range(200):
+            q.put_nowait((0, Outputs(i)))
+            assert receive(pull, 1) == [(7, i)]
+        assert (q.direct, q.queued) == (200, 0)
+    finally:
+        q.put_nowait(DEAD)
+        thread.join(5)
+
+
+def test_outputs_wait_for_a_front_end_that_is_not_there_yet(fake_vllm):
+    # a PUSH socket that binds has no peer until the front end connects: a send would block, so each put queues
+    # for the output thread, and all arrive in order once the front end is there
+    addr = f"ipc:///tmp/hotloop-output-send-{uuid.uuid4().hex}"
+
+    def bound(ctx, path, socket_type, bind=None, linger=None):
+        return make_socket(ctx, path, socket_type, bind=True, linger=linger)
+
+    fake_vllm.make_zmq_socket = bound
+    core = Core()
+    thread = start(core, addr)
+    q = core.output_queue
+    wait_attached(q)
+    for i in range(50):
+        q.put_nowait((0, Outputs(i)))
+    assert q.direct == 0 and q.queued == 50
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.connect(addr)
+    try:
+        assert [v for _, v in receive(pull, 50)] == list(range(50))
+        q.put_nowait(DEAD)
+        assert receive(pull, 1) == [DEAD]
+        thread.join(5)
+    finally:
+        pull.close(0)
+        ctx.term()
+
+
+def test_an_output_the_encoder_refuses_fails_on_the_output_thread_as_in_vllm(fake_vllm, front_end):
+    addr, pull = front_end
+    core = Core()
+    errors = []
+    threading.excepthook, old = (lambda args: errors.append(args.exc_value)), threading.excepthook
+    try:
+        thread = start(core, addr)
+        q = core.output_queue
+        wait_attached(q)
+        q.put_nowait((0, Outputs("before")))
+        q.put_nowait((0, Outputs("refuse")))  # the putting thread does not raise: vLLM's put never does
+        thread.join(5)
+        assert not thread.is_alive() and isinstance(errors[0], TypeError)
+    finally:
+        threading.excepthook = old
+    assert receive(pull, 1) == [(7, "before")]
+    assert not attached(q)
+    q.put_nowait((0, Outputs("after")))  # the thread is gone: queued, as vLLM's queue keeps it
+    assert q.queued == 2 and not pull.poll(50)
+
+
+def test_puts_after_the_output_thread_ended_are_queued_not_sent_on_closed_sockets(fake_vllm, front_end):
+    addr, pull = front_end
+    core = Core()
+    thread = start(core, addr)
+    q = core.output_queue
+    wait_attached(q)
+    q.put_nowait((0, Outputs(1)))
+    q.put_nowait(DEAD)
+    assert receive(pull, 2) == [(7, 1), DEAD]
+    thread.join(5)
+    assert not attached(q)
+    for i in range(3):
+        q.put_nowait((0, Outputs(i)))
+    assert q.qsize() == 3
+
+
+def test_coordinator_outputs_go_to_the_coordinators_socket(fake_vllm, front_end):
+    addr, pull = front_end
+    ctx = zmq.Context()
+    coord = ctx.socket(zmq.PULL)
+    coord_addr = f"ipc:///tmp/hotloop-output-send-{uuid.uuid4().hex}"
+    coord.bind(coord_addr)
+    core = Core()
+    thread = threading.Thread(target=core.process_output_sockets, args=([addr], coord_addr, 0), daemon=True)
+    thread.start()
+    try:
+        wait_attached(core.output_queue)
+        core.output_queue.put_nowait((-1, Outputs("stats")))
+        core.output_queue.put_nowait((0, Outputs("tokens")))
+        assert coord.poll(5000) and pickle.loads(coord.recv_multipart()[0]) == ("coord", "stats")
+        assert receive(pull, 1) == [(0, "tokens")]
+        core.output_queue.put_nowait(DEAD)
+        thread.join(5)
+    finally:
+        coord.close(0)
+        ctx.term()
+
+
+def test_the_switch_comes_with_the_loop_unless_set(monkeypatch):
+    for loop, send, want in (("1", None, True), ("0", None, False), (None, None, False), ("1", "0", False),
+                             ("0", "1", True)):
+        for name, value in (("HOTLOOP_VLLM_LOOP", loop), ("HOTLOOP_VLLM_SEND", send)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        assert output_send.send_enabled() is want, (loop, send)
