@@ -98,6 +98,9 @@ def test_usable_cores_is_the_quota_where_it_is_below_the_affinity(tmp_path):
     above = tree(tmp_path / "above", "0::/\n", V2_MOUNTS, {"/sys/fs/cgroup/cpu.max": f"{cores * 300000} 100000"})
     assert host_cpu.usable_cores(above) == cores
     assert host_cpu.usable_cores(str(tmp_path / "none")) == cores
+    # a quota already read is taken as it is, the files not read again
+    assert host_cpu.usable_cores(str(tmp_path / "none"), quota=cores / 4) == cores / 4
+    assert host_cpu.usable_cores(below, quota=None) == cores
 
 
 def test_the_rule_counts_a_quota_as_the_hosts_cores(monkeypatch):

@@ -242,12 +242,10 @@ def test_coordinator_outputs_go_to_the_coordinators_socket(fake_vllm, front_end)
         ctx.term()
 
 
-def test_the_switch_comes_with_the_loop_unless_set(monkeypatch):
-    for loop, send, want in (("1", None, True), ("0", None, False), (None, None, False), ("1", "0", False),
-                             ("0", "1", True)):
-        for name, value in (("HOTLOOP_VLLM_LOOP", loop), ("HOTLOOP_VLLM_SEND", send)):
-            if value is None:
-                monkeypatch.delenv(name, raising=False)
-            else:
-                monkeypatch.setenv(name, value)
-        assert output_send.send_enabled() is want, (loop, send)
+def test_the_send_is_on_unless_the_switch_turns_it_off(monkeypatch):
+    for value, want in ((None, True), ("1", True), ("on", True), ("0", False), ("off", False)):
+        if value is None:
+            monkeypatch.delenv("HOTLOOP_VLLM_SEND", raising=False)
+        else:
+            monkeypatch.setenv("HOTLOOP_VLLM_SEND", value)
+        assert output_send.send_enabled() is want, value

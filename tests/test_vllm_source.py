@@ -82,14 +82,32 @@ TREE = {
     """,
     "vllm/v1/engine/core.py": """
         import queue
+        import threading
+        import zmq
+        from vllm.utils.network_utils import make_zmq_socket
+        from vllm.v1.serial_utils import MsgpackEncoder
         class EngineCore:
             def preprocess_add_request(self, request): pass
             def add_request(self, request): pass
         class EngineCoreProc(EngineCore):
+            ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
             def __init__(self):
                 self.input_queue = queue.Queue()
-            def _process_engine_step(self): pass
+                self.output_queue = queue.Queue()
+                self.output_thread = threading.Thread(target=self.process_output_sockets, args=([], None, 0))
+            def _process_engine_step(self):
+                self.output_queue.put_nowait((0, None))
             def _handle_client_request(self, request_type, request): pass
+            def process_output_sockets(self, output_paths, coord_output_path, engine_index):
+                encoder = MsgpackEncoder()
+                sockets = [make_zmq_socket(None, p, zmq.PUSH, linger=4000) for p in output_paths]
+                while True:
+                    output = self.output_queue.get()
+                    if output == EngineCoreProc.ENGINE_CORE_DEAD:
+                        break
+                    if output[0] == -1:
+                        encoder.encode(output[1])
+                    self._send_msg_tracking_payload(sockets[0], encoder.encode_into(output[1], bytearray()))
     """,
     "vllm/v1/executor/ray_executor_v2.py": """
         class RayWorkerHandle:
@@ -193,6 +211,19 @@ V2_OUTPUT = "vllm/v1/worker/gpu/async_utils.py"
      "EngineCoreProc.__init__ assigns self.input_queue"),
     ({"vllm/v1/engine/core.py": [("def _process_engine_step(self)", "def _process_step(self)")]},
      "EngineCoreProc._process_engine_step"),
+    ({"vllm/v1/engine/core.py": [("self.output_queue = queue.Queue()", "self.outputs = queue.Queue()")]},
+     "EngineCoreProc.__init__ assigns self.output_queue"),
+    ({"vllm/v1/engine/core.py": [("target=self.process_output_sockets", "target=process_output_sockets")]},
+     "starts its output thread on self.process_output_sockets"),
+    ({"vllm/v1/engine/core.py": [("coord_output_path, engine_index):", "coord_output_path, engine_index, ctx):")]},
+     "arguments ['self', 'output_paths', 'coord_output_path', 'engine_index', 'ctx']"),
+    ({"vllm/v1/engine/core.py": [("encoder.encode_into(output[1], bytearray())", "encoder.encode(output[1])")]},
+     "does not use ['encode_into']"),
+    ({"vllm/v1/engine/core.py": [("from vllm.v1.serial_utils import MsgpackEncoder", "import vllm.v1.serial_utils"),
+                                 ("encoder = MsgpackEncoder()", "encoder = vllm.v1.serial_utils.MsgpackEncoder()")]},
+     "imports make_zmq_socket and MsgpackEncoder by name (output_send takes them from it): missing ['MsgpackEncoder']"),
+    ({"vllm/v1/engine/core.py": [("self.output_queue.put_nowait((0, None))", "self.output_queue.join()")]},
+     "only put_nowait, put and get on output_queue: also ['join']"),
     ({"vllm/plugins/__init__.py": [('"vllm.general_plugins"', '"vllm.plugins"')]}, "vllm.general_plugins"),
     ({EXECUTOR: [("def sample_tokens", "def sample")]}, "MultiprocExecutor.sample_tokens"),
     ({RAY: [("    def run(self): pass", "    def start(self): pass")]}, "RayWorkerHandle.run"),

@@ -11,7 +11,8 @@ Contract:
 - ``usable_cores()``: ``len(os.sched_getaffinity(0))`` or the quota where it is smaller (a Kubernetes
   ``resources.limits.cpu`` of 1.5 on a 64-core node: 1.5). A quota is spent by every thread of the cgroup's
   processes together; once spent, all of them stop until the next period. A waiter that spins spends it for
-  nothing, so hotloop's waits count the quota as the host's cores (``hotloop.vllm.step_wait``).
+  nothing, so hotloop's waits count the quota as the host's cores (``hotloop.vllm.step_wait``). ``quota=`` takes
+  a quota already read instead of reading it again.
 - ``root``: a prefix put before every path read (``/proc/self/...``, the mount points): tests lay out a fake
   ``/proc`` and ``/sys`` under a temporary folder. ``proc``: the process's ``/proc`` entry (default ``self``).
 - Cost: a few small file reads; callers read it once per process.
@@ -100,8 +101,13 @@ def cpu_quota(root: str = "", proc: str = "self") -> float | None:
     return min(quotas) if quotas else None
 
 
-def usable_cores(root: str = "", proc: str = "self") -> float:
-    """The affinity's cores, or the cgroup's CPU quota where it is smaller."""
+_READ = object()
+
+
+def usable_cores(root: str = "", proc: str = "self", *, quota=_READ) -> float:
+    """The affinity's cores, or the cgroup's CPU quota where it is smaller (`quota`: one cpu_quota() already
+    returned, so a caller that keeps both reads the files once)."""
     cores = float(len(os.sched_getaffinity(0)))
-    quota = cpu_quota(root, proc)
+    if quota is _READ:
+        quota = cpu_quota(root, proc)
     return min(cores, quota) if quota is not None else cores

@@ -77,16 +77,14 @@ async def serve(listen_host: str, listen_port: int, target_host: str, target_por
     async def on_client(client_r, client_w):
         nonlocal ended
         try:
-            target_r, target_w = await asyncio.open_connection(target_host, target_port)
-        except OSError:
-            client_w.close()
+            try:
+                target_r, target_w = await asyncio.open_connection(target_host, target_port)
+            except OSError:
+                client_w.close()
+            else:
+                await asyncio.gather(_pump(client_r, target_w, delay), _pump(target_r, client_w, delay))
         except asyncio.CancelledError:  # the proxy is ending (CONNECTIONS ended): a connection still open goes
             return                      # with it, quietly
-        else:
-            try:
-                await asyncio.gather(_pump(client_r, target_w, delay), _pump(target_r, client_w, delay))
-            except asyncio.CancelledError:
-                return
         ended += 1
         if connections is not None and ended >= connections:
             done.set()

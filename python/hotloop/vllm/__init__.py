@@ -35,9 +35,8 @@ Contract:
   queue when ``HOTLOOP_VLLM_LOOP`` is 1/true/yes/on (off by default until it meets its latency goals;
   docs/vllm.md). ``install()`` turns it on in a process that has vLLM's engine core loaded (the engine-core
   process loads plugins from ``EngineCore.__init__``); workers never load it.
-- With the loop (or ``HOTLOOP_VLLM_SEND=1`` without it; ``0`` turns it off), the engine core sends each output
-  from the thread that makes it where nothing is queued ahead of it, instead of handing it to vLLM's output
-  thread (``output_send.py``).
+- With the queue, the engine core sends each output from the thread that makes it where nothing is queued ahead
+  of it, instead of handing it to vLLM's output thread (``output_send.py``; ``HOTLOOP_VLLM_SEND=0``: vLLM's).
 """
 
 from __future__ import annotations
@@ -144,15 +143,14 @@ def _install_loop() -> bool:
 
 
 def _install_send() -> bool:
-    """The engine core's outputs sent by the thread that makes them (``output_send.py``), where the environment asks
-    for it (HOTLOOP_VLLM_SEND; unset, with the engine-core loop) and vLLM's engine core is loaded."""
+    """The engine core's outputs sent by the thread that makes them (``output_send.py``), where vLLM's engine core
+    is loaded and HOTLOOP_VLLM_SEND does not turn it off."""
     from hotloop.vllm import output_send
 
     if output_send.send_enabled() and "vllm.v1.engine.core" in sys.modules:
         output_send.install()
-        log.info("hotloop: vLLM's engine core sends each output from the thread that makes it (HOTLOOP_VLLM_SEND=%s, "
-                 "HOTLOOP_VLLM_LOOP=%s) in process %d", os.environ.get("HOTLOOP_VLLM_SEND", "unset"),
-                 os.environ.get("HOTLOOP_VLLM_LOOP", "unset"), os.getpid())
+        log.info("hotloop: vLLM's engine core sends each output from the thread that makes it in process %d "
+                 "(HOTLOOP_VLLM_SEND=0: through vLLM's output thread)", os.getpid())
         return True
     return False
 

@@ -13,7 +13,9 @@ Contract:
   handle fields vLLM reads outside the queue module are fields ours has; the plugin loader reads the
   ``vllm.general_plugins`` entry points; what ``engine_loop`` hooks (``FutureWrapper.result`` and its
   ``get_response`` closure over ``response_mqs`` and ``deadline``, ``EngineCoreProc``'s ``input_queue``,
-  ``_process_engine_step``, ``_handle_client_request``), what ``timeline`` stamps, and what ``ray_liveness``
+  ``_process_engine_step``, ``_handle_client_request``), what ``output_send`` mirrors (``EngineCoreProc``'s
+  ``output_queue`` and its ``process_output_sockets`` thread: its arguments, sockets and encoding, and only
+  ``put_nowait`` / ``put`` / ``get`` called on the queue), what ``timeline`` stamps, and what ``ray_liveness``
   relies on in vLLM's Ray executor (``RayWorkerHandle.run`` and its fields, every rank run before the monitor
   starts, the executor's ``response_mqs``, ``ray_worker_handles``, ``is_failed``, ``failure_callback``) are
   there; and the output classes ``device_wait`` wraps, of both GPU model runners (``device_wait.RUNNERS``: V1's
@@ -259,6 +261,49 @@ def _loop_checks(source: VllmSource) -> list[Finding]:
     return out
 
 
+def _output_send_checks(source: VllmSource) -> list[Finding]:
+    """What output_send.py mirrors and relies on in vLLM's engine core."""
+    tree = source.tree(ENGINE_CORE_MODULE)
+    proc = _class(tree, "EngineCoreProc")
+    methods = _methods(proc) if proc else {}
+    out = []
+    init = methods.get("__init__")
+    assigns = init is not None and any(
+        isinstance(n, (ast.Assign, ast.AnnAssign)) and any(
+            isinstance(t, ast.Attribute) and t.attr == "output_queue"
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
+        for n in ast.walk(init))
+    out.append(Finding("EngineCoreProc.__init__ assigns self.output_queue (output_send converts it on first read)",
+                       assigns, "" if assigns else "not assigned there"))
+    target = init is not None and any(
+        isinstance(n, ast.keyword) and n.arg == "target" and isinstance(n.value, ast.Attribute)
+        and n.value.attr == "process_output_sockets" for n in ast.walk(init))
+    out.append(Finding("EngineCoreProc.__init__ starts its output thread on self.process_output_sockets (looked up "
+                       "after the plugin loads)", target, "" if target else "no such thread target"))
+    fn = methods.get("process_output_sockets")
+    args = [a.arg for a in fn.args.args] if fn else []
+    names = {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(fn)
+             if isinstance(n, (ast.Attribute, ast.Name))} if fn else set()
+    needed = {"make_zmq_socket", "PUSH", "MsgpackEncoder", "encode_into", "encode", "ENGINE_CORE_DEAD",
+              "_send_msg_tracking_payload"}
+    ok = args == ["self", "output_paths", "coord_output_path", "engine_index"] and needed <= names
+    out.append(Finding("EngineCoreProc.process_output_sockets(output_paths, coord_output_path, engine_index) makes "
+                       "PUSH sockets and encodes as output_send's does", ok,
+                       "" if ok else (f"arguments {args}" if fn else "not there") +
+                       (f"; does not use {sorted(needed - names)}" if fn and not needed <= names else "")))
+    imported = {a.asname or a.name for n in (tree.body if tree else ()) if isinstance(n, ast.ImportFrom)
+                for a in n.names}
+    missing = {"make_zmq_socket", "MsgpackEncoder"} - imported
+    out.append(Finding("vllm.v1.engine.core imports make_zmq_socket and MsgpackEncoder by name (output_send takes "
+                       "them from it)", not missing, f"missing {sorted(missing)}" if missing else ""))
+    calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "output_queue"} if tree else set()
+    other = calls - {"put_nowait", "put", "get"}
+    out.append(Finding("the engine core calls only put_nowait, put and get on output_queue", not other,
+                       f"also {sorted(other)}" if other else ""))
+    return out
+
+
 def _ray_checks(source: VllmSource) -> list[Finding]:
     """What ray_liveness.py relies on in vLLM's Ray executor (a release without that executor: nothing to patch)."""
     if source.tree(RAY_EXECUTOR_MODULE) is None:
@@ -334,6 +379,7 @@ def check(path: str) -> tuple[str, list[Finding]]:
     findings.append(Finding("the plugin loader reads the vllm.general_plugins entry points", ok,
                             "" if ok else f"not in {PLUGINS_MODULE}"))
     findings += _loop_checks(source)
+    findings += _output_send_checks(source)
     findings += _ray_checks(source)
     findings += [_has_method(source, *hook) for hook in TIMELINE_HOOKS]
     findings += _device_wait_checks(source)

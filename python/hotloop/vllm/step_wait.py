@@ -96,7 +96,7 @@ HOST_COMPUTE_YIELD_US = 1000.0
 # container's CPU limit), and the quota alone (None: none), read once when the plugin loads (vLLM's CPU workers
 # narrow their own affinity later, when they bind their OpenMP threads).
 HOST_QUOTA = host_cpu.cpu_quota()
-HOST_CORES = host_cpu.usable_cores()
+HOST_CORES = host_cpu.usable_cores(quota=HOST_QUOTA)
 _FLAG_ON, _FLAG_OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 

@@ -31,10 +31,10 @@ BIND = {1: "0", 2: "0|1", 4: "0|1|0|1"}  # TP=4 on the simulated device: its for
 # selectable with --arms: hotloop's arms with the readers' plain wait (HOTLOOP_VLLM_PACED=0) instead of the paced one
 # and hotloop's arms without chained reads (HOTLOOP_VLLM_CHAINS=0: the read after a step's first broadcast parks)
 # and hotloop's arms with a 1 ms yield budget before the park (HOTLOOP_VLLM_YIELD_US=1000, the CPU build's default)
-# and the engine core's outputs sent by their putting thread (HOTLOOP_VLLM_SEND, output_send.py) turned on without
-# the loop (hotloop-send) or off with it (hotloop+loop-nosend)
+# and hotloop's arms with the engine core's outputs handed to vLLM's output thread (HOTLOOP_VLLM_SEND=0) instead of
+# sent by the thread that makes them (output_send.py)
 EXTRA_ARMS = ("hotloop-plain", "hotloop+loop-plain", "hotloop-nochain", "hotloop+loop-nochain", "hotloop-yield",
-              "hotloop+loop-yield", "hotloop-send", "hotloop+loop-nosend")
+              "hotloop+loop-yield", "hotloop-nosend", "hotloop+loop-nosend")
 
 
 def arms_for(device: str) -> tuple[str, ...]:
@@ -52,8 +52,8 @@ def arm_env(tp: int, arm: str, device: str = "cpu") -> dict:
         plain["HOTLOOP_VLLM_CHAINS"] = "0"
     if arm.endswith("-yield"):
         plain["HOTLOOP_VLLM_YIELD_US"] = "1000"
-    if arm.endswith("-send") or arm.endswith("-nosend"):
-        plain["HOTLOOP_VLLM_SEND"] = "0" if arm.endswith("-nosend") else "1"
+    if arm.endswith("-nosend"):
+        plain["HOTLOOP_VLLM_SEND"] = "0"
     return dict(os.environ, **sim, **plain, HOTLOOP_VLLM="0" if arm.startswith("vllm") else "1",
                 VLLM_USE_SPINLOOP_EXT="1" if arm == "vllm+spinloop" else "0",
                 HOTLOOP_VLLM_LOOP="1" if arm.startswith("hotloop+loop") else "0", HOTLOOP_VLLM_TIMELINE="1",

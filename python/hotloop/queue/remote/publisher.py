@@ -140,9 +140,13 @@ class RemotePublisher:
             quiet_looks = quiet_looks + 1 if unacknowledged == 0 else 0
             if quiet_looks < 2:
                 self._monitor.poll(max(1, int(min(left, DRAIN_CHECK_INTERVAL) * 1000)))
-        if quiet_looks < 2:
+        if quiet_looks < 2 and unacknowledged:
             log.warning("queue %s: closing with %d bytes sent to remote readers not acknowledged after %.1f s; "
                         "a reader that is alive but this far behind loses them", self.queue_name, unacknowledged,
+                        writer_linger_s())
+        elif quiet_looks < 2:  # the bound passed before a second look could confirm the first's nothing
+            log.warning("queue %s: closing after %.1f s with every reader's acknowledgement seen once, not confirmed; "
+                        "a message still in ZeroMQ's buffers may not reach a reader that is alive", self.queue_name,
                         writer_linger_s())
 
     def _wait_until_sent(self) -> None:
