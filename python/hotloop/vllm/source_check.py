@@ -250,15 +250,20 @@ def _loop_checks(source: VllmSource) -> list[Finding]:
     for method in ("_process_engine_step", "_handle_client_request", "__init__"):
         out.append(_has_method(source, ENGINE_CORE_MODULE, "EngineCoreProc", method))
     proc = _class(source.tree(ENGINE_CORE_MODULE), "EngineCoreProc")
+    out.append(_init_assigns(proc, "input_queue", "engine_loop"))
+    return out
+
+
+def _init_assigns(proc: ast.ClassDef | None, attr: str, user: str) -> Finding:
+    """Whether EngineCoreProc.__init__ assigns ``self.<attr>`` (the queue `user` converts on its first read)."""
     init = _methods(proc).get("__init__") if proc else None
     assigns = init is not None and any(
         isinstance(n, (ast.Assign, ast.AnnAssign)) and any(
-            isinstance(t, ast.Attribute) and t.attr == "input_queue"
+            isinstance(t, ast.Attribute) and t.attr == attr
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
         for n in ast.walk(init))
-    out.append(Finding("EngineCoreProc.__init__ assigns self.input_queue (engine_loop converts it on first read)",
-                       assigns, "" if assigns else "not assigned there"))
-    return out
+    return Finding(f"EngineCoreProc.__init__ assigns self.{attr} ({user} converts it on first read)", assigns,
+                   "" if assigns else "not assigned there")
 
 
 def _output_send_checks(source: VllmSource) -> list[Finding]:
@@ -268,13 +273,7 @@ def _output_send_checks(source: VllmSource) -> list[Finding]:
     methods = _methods(proc) if proc else {}
     out = []
     init = methods.get("__init__")
-    assigns = init is not None and any(
-        isinstance(n, (ast.Assign, ast.AnnAssign)) and any(
-            isinstance(t, ast.Attribute) and t.attr == "output_queue"
-            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
-        for n in ast.walk(init))
-    out.append(Finding("EngineCoreProc.__init__ assigns self.output_queue (output_send converts it on first read)",
-                       assigns, "" if assigns else "not assigned there"))
+    out.append(_init_assigns(proc, "output_queue", "output_send"))
     target = init is not None and any(
         isinstance(n, ast.keyword) and n.arg == "target" and isinstance(n.value, ast.Attribute)
         and n.value.attr == "process_output_sockets" for n in ast.walk(init))
