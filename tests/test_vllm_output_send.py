@@ -75,6 +75,17 @@ def front_end():
     ctx.term()
 
 
+@pytest.fixture
+def bound_push(fake_vllm):
+    """The output thread's PUSH socket binds (vLLM's connect): it has no peer, so takes nothing, until the test
+    connects a PULL."""
+    def bound(ctx, path, socket_type, bind=None, linger=None):
+        return make_socket(ctx, path, socket_type, bind=True, linger=linger)
+
+    fake_vllm.make_zmq_socket = bound
+    return f"ipc:///tmp/hotloop-output-send-{uuid.uuid4().hex}"
+
+
 def receive(pull, n, timeout_ms=5000):
     got = []
     while len(got) < n:
@@ -107,34 +118,52 @@ def wait_attached(q):
     raise AssertionError("the output thread never opened its sockets")
 
 
-def test_two_threads_puts_arrive_once_each_in_put_order(fake_vllm, front_end):
-    addr, pull = front_end
+def test_puts_behind_a_backlog_queue_and_every_output_arrives_once_in_put_order(fake_vllm, bound_push):
+    # a backlog first (a socket with no front end yet takes nothing), then two threads put while the output thread
+    # drains it: a put that went out directly past the backlog would reorder the main thread's outputs
+    addr = bound_push
     core = Core()
-    core.__dict__["output_queue"].put_nowait((0, Outputs(("early", 0))))  # put before the conversion
+    core.__dict__["output_queue"].put_nowait((0, Outputs(("main", 0))))  # put before the conversion
     thread = start(core, addr)
     q = core.output_queue
+    n, backlog = 3000, 200
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
     try:
         wait_attached(q)
-        n = 3000
+        for i in range(1, backlog):
+            q.put_nowait((0, Outputs(("main", i))))
+        assert q.direct == 0 and q.queued == backlog
 
-        def put_many(tag):
-            for i in range(n):
+        def put_many(tag, first):
+            for i in range(first, first + n):
                 core.output_queue.put_nowait((0, Outputs((tag, i))))
 
-        other = threading.Thread(target=put_many, args=("other",))
+        other = threading.Thread(target=put_many, args=("other", 0))
+        pull.connect(addr)
         other.start()
-        put_many("main")
+        put_many("main", backlog)
         other.join()
-        got = receive(pull, 2 * n + 1)
-        assert got[0] == (7, ("early", 0))  # engine_index set, the early one first
-        for tag in ("main", "other"):
-            assert [v for _, (t, v) in got if t == tag] == list(range(n))  # none lost, duplicated or reordered
-        assert q.direct + q.queued == 2 * n + 1 and q.direct > 0  # a flood: most queue behind the ones ahead
+        got = receive(pull, 2 * n + backlog)
+        assert got[0] == (7, ("main", 0))  # engine_index set, the early one first
+        assert [v for _, (t, v) in got if t == "main"] == list(range(backlog + n))  # none lost, duplicated, reordered
+        assert [v for _, (t, v) in got if t == "other"] == list(range(n))
+        assert q.direct + q.queued == 2 * n + backlog and q.queued > backlog
+        for _ in range(5000):  # the output thread counts each send after it: once all are counted, the next put
+            with q.lock:       # goes out directly again
+                if q.unsent == 0:
+                    break
+            threading.Event().wait(0.001)
+        direct = q.direct
+        q.put_nowait((0, Outputs(("main", -1))))
+        assert q.direct == direct + 1 and receive(pull, 1) == [(7, ("main", -1))]
         assert not pull.poll(50)
     finally:
         q.put_nowait(DEAD)
         thread.join(5)
-    assert not thread.is_alive() and receive(pull, 1) == [DEAD]
+        pull.close(0)
+        ctx.term()
+    assert not thread.is_alive()
 
 
 def test_an_output_with_nothing_ahead_of_it_is_sent_by_the_putting_thread(fake_vllm, front_end):
@@ -154,15 +183,10 @@ def test_an_output_with_nothing_ahead_of_it_is_sent_by_the_putting_thread(fake_v
         thread.join(5)
 
 
-def test_outputs_wait_for_a_front_end_that_is_not_there_yet(fake_vllm):
-    # a PUSH socket that binds has no peer until the front end connects: a send would block, so each put queues
-    # for the output thread, and all arrive in order once the front end is there
-    addr = f"ipc:///tmp/hotloop-output-send-{uuid.uuid4().hex}"
-
-    def bound(ctx, path, socket_type, bind=None, linger=None):
-        return make_socket(ctx, path, socket_type, bind=True, linger=linger)
-
-    fake_vllm.make_zmq_socket = bound
+def test_outputs_wait_for_a_socket_that_would_block(fake_vllm, bound_push):
+    # a PUSH socket with no peer would block: each put queues for the output thread, and all arrive in order once
+    # a front end is there (vLLM's sockets connect, so never block; this is the fallback)
+    addr = bound_push
     core = Core()
     thread = start(core, addr)
     q = core.output_queue

@@ -223,7 +223,7 @@ V2_OUTPUT = "vllm/v1/worker/gpu/async_utils.py"
                                  ("encoder = MsgpackEncoder()", "encoder = vllm.v1.serial_utils.MsgpackEncoder()")]},
      "imports make_zmq_socket and MsgpackEncoder by name (output_send takes them from it): missing ['MsgpackEncoder']"),
     ({"vllm/v1/engine/core.py": [("self.output_queue.put_nowait((0, None))", "self.output_queue.join()")]},
-     "only put_nowait, put and get on output_queue: also ['join']"),
+     "only put_nowait, put and get on an output_queue: also {'join': ['vllm/v1/engine/core.py']}"),
     ({"vllm/plugins/__init__.py": [('"vllm.general_plugins"', '"vllm.plugins"')]}, "vllm.general_plugins"),
     ({EXECUTOR: [("def sample_tokens", "def sample")]}, "MultiprocExecutor.sample_tokens"),
     ({RAY: [("    def run(self): pass", "    def start(self): pass")]}, "RayWorkerHandle.run"),

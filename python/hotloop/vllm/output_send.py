@@ -12,17 +12,22 @@ Contract:
   module's, which makes the same sockets (vLLM's ``make_zmq_socket``, PUSH, linger 4 s) and encodes the same way.
   A put with nothing queued before it is encoded and sent at once by the thread that puts it, with ``NOBLOCK``;
   otherwise it is queued for the output thread, which sends it as vLLM's does. Queued are: a put behind one still
-  queued or being sent, one the socket would block on (no front end connected yet), one the encoder or socket
-  refuses (the output thread then meets the error where vLLM's meets it), ``ENGINE_CORE_DEAD``, and every put
-  before the sockets are made or after the output thread has ended.
+  queued or being sent, one the socket would block on (a fallback: vLLM's PUSH sockets connect with no send
+  limit, so they take a message at once), one the encoder or socket refuses before its first frame goes out (the
+  output thread then meets the error where vLLM's meets it), ``ENGINE_CORE_DEAD``, and every put before the
+  sockets are made or after the output thread has ended. An error after a message's first frame went out (a dead
+  socket) is raised to the putting thread, as vLLM's output thread would raise it: resending would garble the
+  stream.
 - Order: outputs leave in put order, whichever thread sends them: a put sends itself only when nothing is queued
   or in the output thread's hands (``unsent == 0``), checked under the lock that also serializes those sends. The
   sockets are used by one thread at a time (libzmq allows a socket to move between threads across a full memory
   barrier: the lock, and the queue's own mutex).
 - On with hotloop's queue (the plugin installs it in the engine-core process); ``HOTLOOP_VLLM_SEND=0`` keeps
   vLLM's output thread as it is. ``uninstall()`` puts vLLM's back for engine cores made afterwards. Measured
-  (docs/vllm.md, "The engine core's output send"): the hop from a step's outputs to the front end drops to
-  vLLM's or below, where the hand-off had made it 1.3-2.7x vLLM's at TP=2.
+  (docs/vllm.md, "The engine core's output send"): the hop from a step's outputs to the front end is below
+  vLLM's or within 0.08 ms of it, where the hand-off had made it 1.4-2.8x vLLM's at TP=2. The encoding moves to
+  the putting thread (the engine core's main thread, between a step's outputs and the next schedule); outputs
+  much larger than the simulated device's (logprobs, pooling) are not measured.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class OutputSender:
         self.reuse: list[bytearray] = []
         self.in_flight: collections.deque = collections.deque()  # (tracker, buffer) ZeroMQ may still be sending
         self.max_reuse = len(sockets) + 1
+        self.mid_message = False  # a message's first frame sent, not its last (only an error leaves it so)
 
     def send(self, output, flags: int = 0) -> None:
         """Encode and send one ``(client_index, EngineCoreOutputs)``. With ``zmq.NOBLOCK`` in `flags` it raises
@@ -68,12 +74,18 @@ class OutputSender:
             if len(self.reuse) < self.max_reuse:
                 self.reuse.append(done)
         buffer = self.reuse.pop() if self.reuse else bytearray()
-        frames = self.encoder.encode_into(outputs, buffer)
-        # the first frame tracked (its buffer is reused), the rest sent with it as one message
-        more = zmq.SNDMORE if len(frames) > 1 else 0
-        tracker = self.sockets[client_index].send(frames[0], flags | more, copy=False, track=True)
-        if more:
-            self.sockets[client_index].send_multipart(frames[1:], flags, copy=False)
+        encoded = self.encoder.encode_into(outputs, buffer)
+        # every frame made before the first goes out (a frame ZeroMQ refuses then fails with nothing sent); the
+        # first tracked (its buffer is reused once ZeroMQ is done with it), the rest sent with it as one message
+        socket = self.sockets[client_index]
+        small = socket.copy_threshold  # as pyzmq's send(copy=False): a frame smaller than this is copied
+        frames = [zmq.Frame(encoded[0], track=True, copy_threshold=small)]
+        frames += [zmq.Frame(f, copy_threshold=small) for f in encoded[1:]]
+        for i, frame in enumerate(frames):
+            more = zmq.SNDMORE if i + 1 < len(frames) else 0
+            socket.send(frame, (flags if i == 0 else 0) | more, copy=False)
+            self.mid_message = bool(more)  # past the first frame: the rest go out whatever the flags
+        tracker = frames[0].tracker
         if not tracker.done:
             self.in_flight.appendleft((tracker, buffer))
         elif len(self.reuse) < self.max_reuse:
@@ -98,7 +110,8 @@ class OutputQueue(queue.Queue):
                 try:
                     self.sender.send(item, zmq.NOBLOCK)
                 except Exception:  # would block, or refused: the output thread sends it (or fails) as vLLM's
-                    pass
+                    if self.sender.mid_message:  # part of it is out: sending it again would garble the stream
+                        raise
                 else:
                     self.direct += 1
                     return

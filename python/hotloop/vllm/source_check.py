@@ -295,11 +295,16 @@ def _output_send_checks(source: VllmSource) -> list[Finding]:
     missing = {"make_zmq_socket", "MsgpackEncoder"} - imported
     out.append(Finding("vllm.v1.engine.core imports make_zmq_socket and MsgpackEncoder by name (output_send takes "
                        "them from it)", not missing, f"missing {sorted(missing)}" if missing else ""))
-    calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "output_queue"} if tree else set()
-    other = calls - {"put_nowait", "put", "get"}
-    out.append(Finding("the engine core calls only put_nowait, put and get on output_queue", not other,
-                       f"also {sorted(other)}" if other else ""))
+    calls = {}  # method -> files, over every module (the fault-tolerance sentinel puts into it too)
+    for rel, text in source.files():
+        if "output_queue" in text:
+            for n in ast.walk(source.tree(rel)):
+                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "output_queue"):
+                    calls.setdefault(n.func.attr, set()).add(rel)
+    other = {m: sorted(f) for m, f in calls.items() if m not in ("put_nowait", "put", "get")}
+    out.append(Finding("vLLM calls only put_nowait, put and get on an output_queue", not other,
+                       f"also {other}" if other else ""))
     return out
 
 
