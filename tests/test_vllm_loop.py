@@ -114,6 +114,9 @@ def _check_inputs_during_steps(res: dict, reference: dict) -> None:
     # the loop sends the step's outputs from the engine core's main thread (output_send.py): with a step every
     # STEP_S, nothing is ever queued ahead of an output, so none waits for vLLM's output thread
     assert res["outputs"]["direct"] >= 8 and res["outputs"]["queued"] <= 2, res["outputs"]
+    # and the engine core's main thread read every input from the front end's socket itself (input_read.py): the
+    # adds, aborts and utility calls above, at least 12 messages, none through vLLM's input thread
+    assert res["inputs_read_by_main"] >= 12, res["inputs_read_by_main"]
 
 
 def test_vllms_own_loop_waits_for_the_step(vllms_own):

@@ -130,6 +130,7 @@ async def main(model: str, ending: str) -> dict:
         state = await core.call_utility_async("hotloop_loop_state")
         res["unfinished_after"], res["inputs_in_step"] = state["unfinished"], state["inputs_in_step"]
         res["outputs"] = state["outputs"]
+        res["inputs_read_by_main"] = state["inputs_read_by_main"]
 
     # the engine still answers, with the same tokens
     await engine.collective_rpc(slow_steps, args=(0.0,))

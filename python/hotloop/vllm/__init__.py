@@ -34,7 +34,9 @@ Contract:
 - The engine-core loop (``engine_loop.py``: inputs handled while a step runs, in one hotloop wait) comes with the
   queue when ``HOTLOOP_VLLM_LOOP`` is 1/true/yes/on (off by default until it meets its latency goals;
   docs/vllm.md). ``install()`` turns it on in a process that has vLLM's engine core loaded (the engine-core
-  process loads plugins from ``EngineCore.__init__``); workers never load it.
+  process loads plugins from ``EngineCore.__init__``); workers never load it. With it, the engine core's main
+  thread reads its input sockets itself where it can (``input_read.py``; ``HOTLOOP_VLLM_INPUT_READ=0``: vLLM's
+  input thread).
 - With the queue, the engine core sends each output from the thread that makes it where nothing is queued ahead
   of it, instead of handing it to vLLM's output thread (``output_send.py``; ``HOTLOOP_VLLM_SEND=0``: vLLM's).
 """
@@ -134,10 +136,15 @@ def loop_enabled() -> bool:
 
 def _install_loop() -> bool:
     """The engine-core loop, where the environment asks for it and vLLM's engine core is loaded."""
+    from hotloop.vllm import input_read
+
     if loop_enabled() and "vllm.v1.engine.core" in sys.modules:
         engine_loop.install()
+        if input_read.read_enabled():
+            input_read.install()
         log.info("hotloop: vLLM's engine core handles its inputs while a step runs (HOTLOOP_VLLM_LOOP=%s) in "
-                 "process %d", os.environ["HOTLOOP_VLLM_LOOP"], os.getpid())
+                 "process %d; its main thread reads the input sockets where it can: %s", os.environ["HOTLOOP_VLLM_LOOP"],
+                 os.getpid(), "yes" if input_read.is_installed() else "no (HOTLOOP_VLLM_INPUT_READ=0)")
         return True
     return False
 
@@ -213,9 +220,10 @@ def uninstall() -> None:
     """Put vLLM's own MessageQueue back where install() replaced it (this process only; HOTLOOP_VLLM is
     removed from os.environ)."""
     global _original
-    from hotloop.vllm import device_wait, output_send, ray_liveness
+    from hotloop.vllm import device_wait, input_read, output_send, ray_liveness
 
     engine_loop.uninstall()
+    input_read.uninstall()
     output_send.uninstall()
     device_wait.uninstall()
     ray_liveness.uninstall()

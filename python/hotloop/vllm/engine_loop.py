@@ -54,15 +54,32 @@ _EXECUTOR = "vllm.v1.executor.multiproc_executor"
 class EngineInputQueue:
     """The engine core's input queue: the calls of ``queue.Queue`` that vLLM makes on it (``put``,
     ``put_nowait``, ``get(block, timeout)``, ``get_nowait``, ``empty``, ``qsize``) over a hotloop ``InputQueue``,
-    so ``wait_any`` can wait on it (``hotloop_source``). Unbounded, like vLLM's; ``queue.Empty`` as
-    ``queue.Queue`` raises it; a blocking ``get`` waits with the GIL released."""
+    so ``wait_any`` can wait on it (``wait_sources()``). Unbounded, like vLLM's; ``queue.Empty`` as
+    ``queue.Queue`` raises it; a blocking ``get`` waits with the GIL released. With an ``input_read.InputReader``
+    attached, the engine core's input sockets feed it: each call that takes or looks first reads what the sockets
+    hold, and a blocking ``get`` waits on their descriptors too."""
 
     def __init__(self):
         self._q = InputQueue()
+        self.reader = None  # input_read.InputReader, while the main thread reads the input sockets
 
     @property
     def hotloop_source(self) -> InputQueue:
         return self._q
+
+    def attach(self, reader) -> None:
+        self.reader = reader
+
+    def wait_sources(self) -> list:
+        """What a wait for the next input waits on: the queue, and the input sockets' descriptors when attached.
+        Call ``read()`` first (a socket's descriptor does not fire again for messages already signalled)."""
+        reader = self.reader
+        return [self._q] if reader is None else [self._q, *reader.sources]
+
+    def read(self) -> int:
+        """Move what the input sockets hold into the queue, decoded; how many (0 without a reader)."""
+        reader = self.reader
+        return 0 if reader is None else reader.read(self._q.put)
 
     def put(self, item, block: bool = True, timeout: float | None = None) -> None:
         self._q.put(item)
@@ -72,21 +89,38 @@ class EngineInputQueue:
 
     def get(self, block: bool = True, timeout: float | None = None):
         if not block:
-            return self._q.get_nowait()
+            return self.get_nowait()
         if timeout is not None and timeout < 0:
             raise ValueError("'timeout' must be a non-negative number")
-        return self._q.get(timeout)
+        if self.reader is None:
+            return self._q.get(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.read()
+            try:
+                return self._q.get_nowait()
+            except queue.Empty:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise
+            wait_any(self.wait_sources(), timeout=left)
 
     def get_nowait(self):
+        if self.reader is not None and self._q.empty():
+            self.read()
         return self._q.get_nowait()
 
     def drain(self) -> list:
+        self.read()
         return self._q.drain()
 
     def empty(self) -> bool:
+        if self.reader is not None and self._q.empty():
+            self.read()
         return self._q.empty()
 
     def qsize(self) -> int:
+        self.read()
         return self._q.qsize()
 
     def full(self) -> bool:
@@ -143,8 +177,12 @@ class StepWait:
                 sent = getattr(head, "_hotloop_sent_ns", None)
                 if sent is not None:
                     self.policy.anchor(sent)  # the answer is due a step after the broadcast
-                ready = wait_any([self.inputs, *pending], timeout=left, policy=self.policy)
-                if self.inputs in ready:
+                if self.inputs.read():  # the input sockets' messages, read before their descriptors are waited on
+                    self._handle_inputs()
+                    continue
+                sources = self.inputs.wait_sources()
+                ready = wait_any([*sources, *pending], timeout=left, policy=self.policy)
+                if any(s in ready for s in sources):
                     self._handle_inputs()
         finally:
             self.busy = False
@@ -222,12 +260,16 @@ def in_step() -> bool:
 
 def loop_state(core) -> dict:
     """A vLLM utility method of the engine core while installed (``call_utility_async("hotloop_loop_state")``):
-    whether this call was handled while a step ran, how many inputs the loop has handled during steps, the
+    whether this call was handled while a step ran, how many inputs the loop has handled during steps, how many
+    messages the main thread read from the input sockets itself (``input_read.py``; 0 where vLLM's input thread
+    reads them), the
     scheduler's unfinished requests, and how the outputs went out (``output_send.counts``)."""
     from hotloop.vllm import output_send
 
     step_wait = core.__dict__.get("_hotloop_step_wait")
+    reader = getattr(core.__dict__.get("input_queue"), "reader", None)
     return {"in_step": in_step(), "inputs_in_step": step_wait.inputs_in_step if step_wait else 0,
+            "inputs_read_by_main": reader.messages if reader is not None else 0,
             "unfinished": core.scheduler.get_num_unfinished_requests(), "outputs": output_send.counts(core)}
 
 
