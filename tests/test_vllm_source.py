@@ -3,13 +3,14 @@ provides. Runs on the installed vLLM and on the vLLM wheels in HOTLOOP_VLLM_WHEE
 0.33.0 there: its engine cannot run without a GPU, its source can be read), and on a small synthetic source tree
 that each failure is put into, to show the check catches it."""
 
+import ast
 import glob
 import os
 import textwrap
 
 import pytest
 
-from hotloop.vllm import is_supported, source_check
+from hotloop.vllm import input_read, is_supported, source_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WHEELS = os.environ.get("HOTLOOP_VLLM_WHEELS", os.path.join(ROOT, "build", "vllm-wheels"))
@@ -86,6 +87,10 @@ TREE = {
         import zmq
         from vllm.utils.network_utils import make_zmq_socket
         from vllm.v1.serial_utils import MsgpackEncoder
+        from vllm.v1.serial_utils import MsgpackDecoder
+        from vllm.v1.engine import EngineCoreRequest, EngineCoreRequestType
+        from vllm.multimodal.cache import MultiModalCacheMissError
+        FT_UTILITY_METHOD = "ft_command"
         class EngineCore:
             def preprocess_add_request(self, request): pass
             def add_request(self, request): pass
@@ -95,9 +100,14 @@ TREE = {
                 self.input_queue = queue.Queue()
                 self.output_queue = queue.Queue()
                 self.output_thread = threading.Thread(target=self.process_output_sockets, args=([], None, 0))
+                threading.Thread(target=self.process_input_sockets, args=([], None, b"", None)).start()
+                self.input_queue.get(block=True)
             def _process_engine_step(self):
                 self.output_queue.put_nowait((0, None))
             def _handle_client_request(self, request_type, request): pass
+            def process_input_sockets(self, input_addresses, coord_input_address, identity, ready_event):
+                decoder = MsgpackDecoder(EngineCoreRequest)
+                self.input_queue.put_nowait((EngineCoreRequestType.ADD, decoder.decode([])))
             def process_output_sockets(self, output_paths, coord_output_path, engine_index):
                 encoder = MsgpackEncoder()
                 sockets = [make_zmq_socket(None, p, zmq.PUSH, linger=4000) for p in output_paths]
@@ -224,6 +234,15 @@ V2_OUTPUT = "vllm/v1/worker/gpu/async_utils.py"
      "imports make_zmq_socket and MsgpackEncoder by name (output_send takes them from it): missing ['MsgpackEncoder']"),
     ({"vllm/v1/engine/core.py": [("self.output_queue.put_nowait((0, None))", "self.output_queue.join()")]},
      "only put_nowait, put and get on an output_queue: also {'join': ['vllm/v1/engine/core.py']}"),
+    ({"vllm/v1/engine/core.py": [("target=self.process_input_sockets", "target=process_input_sockets")]},
+     "starts its input thread on self.process_input_sockets"),
+    ({"vllm/v1/engine/core.py": [("decoder.decode([])))", "decoder.decode([b''])))")]},
+     "EngineCoreProc.process_input_sockets is a body input_read mirrors (vLLM ?): digest"),
+    ({"vllm/v1/engine/core.py": [('FT_UTILITY_METHOD = "ft_command"\n', "")]},
+     "MultiModalCacheMissError and FT_UTILITY_METHOD by name (input_read takes them from it): missing "
+     "['FT_UTILITY_METHOD']"),
+    ({"vllm/v1/engine/core.py": [("self.input_queue.get(block=True)", "self.input_queue.join()")]},
+     "the queue.Queue methods EngineInputQueue has on an input_queue: also {'join': ['vllm/v1/engine/core.py']}"),
     ({"vllm/plugins/__init__.py": [('"vllm.general_plugins"', '"vllm.plugins"')]}, "vllm.general_plugins"),
     ({EXECUTOR: [("def sample_tokens", "def sample")]}, "MultiprocExecutor.sample_tokens"),
     ({RAY: [("    def run(self): pass", "    def start(self): pass")]}, "RayWorkerHandle.run"),
@@ -253,7 +272,7 @@ V2_OUTPUT = "vllm/v1/worker/gpu/async_utils.py"
      "self.async_copy_ready_event, get_output() synchronizes it (vllm/v1/worker/gpu_model_runner.py; device_wait "
      "wraps it): the class is not there"),
 ])
-def test_the_check_catches_what_would_break_hotloop(tmp_path, changes, failure):
+def test_the_check_catches_what_would_break_hotloop(tmp_path, changes, failure, synthetic_body_mirrored):
     version, findings = source_check.check(_tree(tmp_path, **changes))
     assert version == "0.33.0"
     failed = _failed(findings)
@@ -263,7 +282,15 @@ def test_the_check_catches_what_would_break_hotloop(tmp_path, changes, failure):
         assert len(failed) == 1 and failure in failed[0], failed
 
 
-def test_command_line_exit_status(tmp_path, capsys):
+@pytest.fixture
+def synthetic_body_mirrored(monkeypatch):
+    """The synthetic process_input_sockets counts as mirrored, as vLLM's real ones are (input_read.MIRRORED)."""
+    tree = ast.parse(textwrap.dedent(TREE["vllm/v1/engine/core.py"]))
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "process_input_sockets")
+    monkeypatch.setitem(input_read.MIRRORED, input_read.tree_digest(fn), "the synthetic one")
+
+
+def test_command_line_exit_status(tmp_path, capsys, synthetic_body_mirrored):
     assert source_check.main([_tree(tmp_path)]) == 0
     assert "vLLM 0.33.0" in capsys.readouterr().out
     bad = tmp_path / "bad"

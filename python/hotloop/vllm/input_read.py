@@ -60,20 +60,25 @@ _ENGINE_CORE = "vllm.v1.engine.core"
 
 # sha256 (first 16 hex digits) of ast.dump() of vLLM's process_input_sockets, per body this module mirrors
 MIRRORED = {
-    "ed0cee7be1846ea1": "0.30.0, 0.31.0, 0.32.0",
-    "27e152a02b6ae849": "0.33.0 (adds the VLLMValidationError answer)",
+    "26eeb4a2d675aaab": "0.30.0, 0.31.0, 0.32.0",
+    "cc66777367aa2ab9": "0.33.0 (adds the VLLMValidationError answer)",
 }
 
 log = logging.getLogger("hotloop.vllm")
 
 
+def tree_digest(fn: ast.FunctionDef) -> str:
+    """The digest MIRRORED keys on: of the function's syntax tree (``ast.dump``: no positions, no comments)."""
+    return hashlib.sha256(ast.dump(fn).encode()).hexdigest()[:16]
+
+
 def body_digest(function) -> str | None:
-    """The digest MIRRORED keys on, of a function's source (None where the source cannot be read)."""
+    """``tree_digest`` of a function object's source (None where the source cannot be read)."""
     try:
         src = textwrap.dedent(inspect.getsource(function))
     except (OSError, TypeError):
         return None
-    return hashlib.sha256(ast.dump(ast.parse(src)).encode()).hexdigest()[:16]
+    return tree_digest(ast.parse(src).body[0])
 
 
 class InputReader:
@@ -254,5 +259,5 @@ def is_installed() -> bool:
     return core is not None and core.EngineCoreProc.__dict__.get("process_input_sockets") is process_input_sockets
 
 
-__all__ = ["MIRRORED", "InputReader", "body_digest", "install", "is_installed", "process_input_sockets",
+__all__ = ["MIRRORED", "InputReader", "body_digest", "tree_digest", "install", "is_installed", "process_input_sockets",
            "read_enabled", "uninstall"]

@@ -15,7 +15,9 @@ Contract:
   ``get_response`` closure over ``response_mqs`` and ``deadline``, ``EngineCoreProc``'s ``input_queue``,
   ``_process_engine_step``, ``_handle_client_request``), what ``output_send`` mirrors (``EngineCoreProc``'s
   ``output_queue`` and its ``process_output_sockets`` thread: its arguments, sockets and encoding, and only
-  ``put_nowait`` / ``put`` / ``get`` called on the queue), what ``timeline`` stamps, and what ``ray_liveness``
+  ``put_nowait`` / ``put`` / ``get`` called on the queue), what ``input_read`` mirrors (``process_input_sockets``
+  one of the bodies in ``input_read.MIRRORED``, started as the input thread, the names it takes from the module,
+  and only the ``queue.Queue`` calls ``EngineInputQueue`` has made on ``input_queue``), what ``timeline`` stamps, and what ``ray_liveness``
   relies on in vLLM's Ray executor (``RayWorkerHandle.run`` and its fields, every rank run before the monitor
   starts, the executor's ``response_mqs``, ``ray_worker_handles``, ``is_failed``, ``failure_callback``) are
   there; and the output classes ``device_wait`` wraps, of both GPU model runners (``device_wait.RUNNERS``: V1's
@@ -308,6 +310,51 @@ def _output_send_checks(source: VllmSource) -> list[Finding]:
     return out
 
 
+def _input_read_checks(source: VllmSource) -> list[Finding]:
+    """What input_read.py mirrors and relies on in vLLM's engine core."""
+    from hotloop.vllm import input_read
+
+    tree = source.tree(ENGINE_CORE_MODULE)
+    proc = _class(tree, "EngineCoreProc")
+    methods = _methods(proc) if proc else {}
+    init = methods.get("__init__")
+    target = init is not None and any(
+        isinstance(n, ast.keyword) and n.arg == "target" and isinstance(n.value, ast.Attribute)
+        and n.value.attr == "process_input_sockets" for n in ast.walk(init))
+    out = [Finding("EngineCoreProc.__init__ starts its input thread on self.process_input_sockets (looked up after "
+                   "the plugin loads)", target, "" if target else "no such thread target")]
+    fn = methods.get("process_input_sockets")
+    digest = input_read.tree_digest(fn) if fn else None
+    ok = digest in input_read.MIRRORED
+    out.append(Finding("EngineCoreProc.process_input_sockets is a body input_read mirrors (vLLM "
+                       f"{input_read.MIRRORED.get(digest, '?')})", ok,
+                       "" if ok else ("not there" if fn is None else
+                                      f"digest {digest}: read it against input_read.InputReader.decode and the "
+                                      "handshake, then add it to input_read.MIRRORED")))
+    defined = {a.asname or a.name for n in (tree.body if tree else ()) if isinstance(n, ast.ImportFrom)
+               for a in n.names}
+    defined |= {t.id for n in (tree.body if tree else ()) if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)}
+    needed = {"make_zmq_socket", "MsgpackDecoder", "EngineCoreRequest", "EngineCoreRequestType",
+              "MultiModalCacheMissError", "FT_UTILITY_METHOD"}
+    missing = needed - defined
+    out.append(Finding("vllm.v1.engine.core has make_zmq_socket, MsgpackDecoder, EngineCoreRequest(Type), "
+                       "MultiModalCacheMissError and FT_UTILITY_METHOD by name (input_read takes them from it)",
+                       not missing, f"missing {sorted(missing)}" if missing else ""))
+    calls = {}  # method -> files, over every module
+    for rel, text in source.files():
+        if "input_queue" in text:
+            for n in ast.walk(source.tree(rel)):
+                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "input_queue"):
+                    calls.setdefault(n.func.attr, set()).add(rel)
+    other = {m: sorted(f) for m, f in calls.items()
+             if m not in ("put_nowait", "put", "get", "get_nowait", "empty", "qsize")}
+    out.append(Finding("vLLM calls only the queue.Queue methods EngineInputQueue has on an input_queue", not other,
+                       f"also {other}" if other else ""))
+    return out
+
+
 def _ray_checks(source: VllmSource) -> list[Finding]:
     """What ray_liveness.py relies on in vLLM's Ray executor (a release without that executor: nothing to patch)."""
     if source.tree(RAY_EXECUTOR_MODULE) is None:
@@ -384,6 +431,7 @@ def check(path: str) -> tuple[str, list[Finding]]:
                             "" if ok else f"not in {PLUGINS_MODULE}"))
     findings += _loop_checks(source)
     findings += _output_send_checks(source)
+    findings += _input_read_checks(source)
     findings += _ray_checks(source)
     findings += [_has_method(source, *hook) for hook in TIMELINE_HOOKS]
     findings += _device_wait_checks(source)
