@@ -33,8 +33,10 @@ BIND = {1: "0", 2: "0|1", 4: "0|1|0|1"}  # TP=4 on the simulated device: its for
 # and hotloop's arms with a 1 ms yield budget before the park (HOTLOOP_VLLM_YIELD_US=1000, the CPU build's default)
 # and hotloop's arms with the engine core's outputs handed to vLLM's output thread (HOTLOOP_VLLM_SEND=0) instead of
 # sent by the thread that makes them (output_send.py)
+# and the loop's arm with the engine core's inputs read by vLLM's input thread (HOTLOOP_VLLM_INPUT_READ=0) instead of
+# by its main thread (input_read.py)
 EXTRA_ARMS = ("hotloop-plain", "hotloop+loop-plain", "hotloop-nochain", "hotloop+loop-nochain", "hotloop-yield",
-              "hotloop+loop-yield", "hotloop-nosend", "hotloop+loop-nosend")
+              "hotloop+loop-yield", "hotloop-nosend", "hotloop+loop-nosend", "hotloop+loop-noread")
 
 
 def arms_for(device: str) -> tuple[str, ...]:
@@ -54,6 +56,8 @@ def arm_env(tp: int, arm: str, device: str = "cpu") -> dict:
         plain["HOTLOOP_VLLM_YIELD_US"] = "1000"
     if arm.endswith("-nosend"):
         plain["HOTLOOP_VLLM_SEND"] = "0"
+    if arm.endswith("-noread"):
+        plain["HOTLOOP_VLLM_INPUT_READ"] = "0"
     return dict(os.environ, **sim, **plain, HOTLOOP_VLLM="0" if arm.startswith("vllm") else "1",
                 VLLM_USE_SPINLOOP_EXT="1" if arm == "vllm+spinloop" else "0",
                 HOTLOOP_VLLM_LOOP="1" if arm.startswith("hotloop+loop") else "0", HOTLOOP_VLLM_TIMELINE="1",
