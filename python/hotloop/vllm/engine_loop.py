@@ -31,6 +31,9 @@ Contract:
   (``step_wait.py`` has the figures). Every wait for the same step is anchored at that step's broadcast, so the
   wait for a second rank's answer after the first one's spins through the same window instead of sleeping.
 
+- With ``input_read.py`` (on with the loop) the input queue also reads the engine core's input sockets, and these
+  waits park on their descriptors too: the main thread reads each request itself (``EngineInputQueue.read``).
+
 Turned on by the plugin with ``HOTLOOP_VLLM_LOOP=1`` (see ``hotloop.vllm``); ``uninstall()`` restores vLLM's.
 """
 

@@ -268,6 +268,18 @@ def _init_assigns(proc: ast.ClassDef | None, attr: str, user: str) -> Finding:
                    "" if assigns else "not assigned there")
 
 
+def _calls_on(source: VllmSource, attr: str) -> dict[str, set[str]]:
+    """The methods called on ``<anything>.<attr>`` across vLLM's modules: method -> the files that call it."""
+    calls: dict[str, set[str]] = {}
+    for rel, text in source.files():
+        if attr in text:
+            for n in ast.walk(source.tree(rel)):
+                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == attr):
+                    calls.setdefault(n.func.attr, set()).add(rel)
+    return calls
+
+
 def _output_send_checks(source: VllmSource) -> list[Finding]:
     """What output_send.py mirrors and relies on in vLLM's engine core."""
     tree = source.tree(ENGINE_CORE_MODULE)
@@ -297,13 +309,7 @@ def _output_send_checks(source: VllmSource) -> list[Finding]:
     missing = {"make_zmq_socket", "MsgpackEncoder"} - imported
     out.append(Finding("vllm.v1.engine.core imports make_zmq_socket and MsgpackEncoder by name (output_send takes "
                        "them from it)", not missing, f"missing {sorted(missing)}" if missing else ""))
-    calls = {}  # method -> files, over every module (the fault-tolerance sentinel puts into it too)
-    for rel, text in source.files():
-        if "output_queue" in text:
-            for n in ast.walk(source.tree(rel)):
-                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                        and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "output_queue"):
-                    calls.setdefault(n.func.attr, set()).add(rel)
+    calls = _calls_on(source, "output_queue")  # every module: the fault-tolerance sentinel puts into it too
     other = {m: sorted(f) for m, f in calls.items() if m not in ("put_nowait", "put", "get")}
     out.append(Finding("vLLM calls only put_nowait, put and get on an output_queue", not other,
                        f"also {other}" if other else ""))
@@ -341,13 +347,7 @@ def _input_read_checks(source: VllmSource) -> list[Finding]:
     out.append(Finding("vllm.v1.engine.core has make_zmq_socket, MsgpackDecoder, EngineCoreRequest(Type), "
                        "MultiModalCacheMissError and FT_UTILITY_METHOD by name (input_read takes them from it)",
                        not missing, f"missing {sorted(missing)}" if missing else ""))
-    calls = {}  # method -> files, over every module
-    for rel, text in source.files():
-        if "input_queue" in text:
-            for n in ast.walk(source.tree(rel)):
-                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                        and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "input_queue"):
-                    calls.setdefault(n.func.attr, set()).add(rel)
+    calls = _calls_on(source, "input_queue")
     other = {m: sorted(f) for m, f in calls.items()
              if m not in ("put_nowait", "put", "get", "get_nowait", "empty", "qsize")}
     out.append(Finding("vLLM calls only the queue.Queue methods EngineInputQueue has on an input_queue", not other,
