@@ -244,7 +244,7 @@ def test_a_future_of_other_queues_is_left_to_vllms_own_wait():
 # ---- the per-hop timeline's arithmetic ----
 
 def test_timeline_hops_split_each_requests_time_to_first_token():
-    from hotloop.vllm.timeline import HOPS, hops
+    from hotloop.vllm.timeline import HOPS, SEND_HOPS, hops
 
     ms = 1_000_000
     front = {"a": [0, 20 * ms], "b": [5 * ms, 40 * ms], "lost": [0, 1]}
@@ -259,6 +259,11 @@ def test_timeline_hops_split_each_requests_time_to_first_token():
     assert [got[h][1] for h in HOPS] == [1.0, 1.0, 7.0, 2.0, 12.0, 2.0, 1.0, 9.0]
     for i in range(2):
         assert sum(got[h][i] for h in HOPS) == got["time to first token"][i]
+    # with the front end's send stamps (a's only), the first hop splits in two for the requests that have one
+    got = hops(front, core, worker, {"a-0123abcd": ms // 4})
+    assert got[SEND_HOPS[0]] == [0.25] and got[SEND_HOPS[1]] == [0.75]
+    assert got[SEND_HOPS[0]][0] + got[SEND_HOPS[1]][0] == got[HOPS[0]][0]
+    assert SEND_HOPS[0] not in hops(front, core, worker, {})
 
 
 # ---- the paced wait (step_wait.py, engine_loop.py) ----

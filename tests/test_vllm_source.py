@@ -138,6 +138,7 @@ TREE = {
             def start_worker_monitor(self, inline=False): pass
             def shutdown(self): pass
     """,
+    "vllm/v1/engine/core_client.py": "class AsyncMPClient:\n    async def add_request_async(self, request): pass\n",
     "vllm/v1/core/sched/scheduler.py": "class Scheduler:\n    def update_from_output(self, a, b): pass\n",
     "vllm/v1/worker/worker_base.py": "class WorkerWrapperBase:\n    def execute_model(self, s): pass\n",
     "vllm/v1/worker/gpu_model_runner.py": """

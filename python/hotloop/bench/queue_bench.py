@@ -567,12 +567,15 @@ def _idle(seconds):
     return pct
 
 
+ZMQ_ROW = "pyzmq ROUTER -> DEALER ipc://, blocking poll"
 POLICIES = {
     "always spin": dict(spin_us=10_000_000, yield_us=0),
     "always park": dict(spin_us=0, yield_us=0),
     "default (spin 20 us, yield 10 us)": dict(),
     "adaptive": dict(adaptive=True),
     "paced": dict(paced=True),
+    # not hotloop's reader: a pyzmq DEALER blocked in a poll, as vLLM's engine core reads its front end's requests
+    ZMQ_ROW: None,
 }
 # (period s, jitter): a message every period * uniform(1 - jitter, 1 + jitter). 1.4 ms +-10 %: a GPU host's decode
 # step (the worker reads the step broadcast, the engine core the answer, every ~1.4 ms); 0.5 ms +-10 %: a short
@@ -596,9 +599,70 @@ def _periodic_reader(handle, policy_kwargs, n, out, cpu=None):
     _report(out, (lat, cpu, r._policy.paced_stats() if r._policy.paced else None))
 
 
+def _periodic_zmq_reader(addr, n, out, cpu=None):
+    """vLLM's engine-core input thread's read: a DEALER (its own context, so its own I/O thread) blocked in a poll."""
+    import zmq
+
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.IDENTITY, b"reader")
+    s.connect(addr)
+    s.send(b"ready")  # the ROUTER can address it from now on
+    poller = zmq.Poller()
+    poller.register(s, zmq.POLLIN)
+    lat = []
+    c0, t0 = time.process_time(), time.monotonic()
+    for _ in range(n):
+        poller.poll()
+        sent = int.from_bytes(s.recv(copy=False).buffer[:8], "little")
+        lat.append(time.monotonic_ns() - sent)
+    cpu = 100 * (time.process_time() - c0) / (time.monotonic() - t0)
+    s.close(0)
+    ctx.term()
+    _report(out, (lat, cpu, None))
+
+
+def _periodic_zmq(period_s, jitter, n, pin=False):
+    """The periodic run with vLLM's front end -> engine core transport: a ROUTER bound on ipc:// sends to a DEALER
+    blocked in a poll in another process (both with their own context, so each side's I/O thread carries it)."""
+    import tempfile
+
+    import zmq
+
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = pin and len(cpus) >= 2
+    addr = f"ipc://{tempfile.gettempdir()}/hotloop-periodic-{os.getpid()}-{random.getrandbits(32):08x}"
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(addr)
+    out = CTX.Queue()
+    child = CTX.Process(target=_periodic_zmq_reader, args=(addr, n, out, cpus[0] if pin else None))
+    child.start()
+    rng = random.Random(7)
+    try:
+        identity, _ = router.recv_multipart()
+        if pin:
+            os.sched_setaffinity(0, {cpus[1]})
+        for _ in range(n):
+            time.sleep(period_s * rng.uniform(1 - jitter, 1 + jitter))
+            router.send_multipart([identity, time.monotonic_ns().to_bytes(8, "little") + bytes(56)])
+        lat, cpu, _ = out.get(timeout=120)
+    finally:
+        if pin:
+            os.sched_setaffinity(0, cpus)
+        child.join(30)
+        router.close(0)
+        ctx.term()
+    return {"latency": summarize_us(lat), "reader_cpu_pct": cpu}
+
+
 def _periodic(period_s, jitter, policy_kwargs, n, pin=False):
     """pin: the reader on the first CPU this process may use, the writer on the second (as on a host with cores to
-    spare, where the two never share one)."""
+    spare, where the two never share one). policy_kwargs None: vLLM's ZeroMQ read instead (_periodic_zmq)."""
+    if policy_kwargs is None:
+        return _periodic_zmq(period_s, jitter, n, pin)
     cpus = sorted(os.sched_getaffinity(0))
     pin = pin and len(cpus) >= 2
     q = MessageQueue(1)
@@ -858,7 +922,7 @@ def goals(data: dict) -> list[Goal]:
 
 
 _SHORT = {"spin": "always spin", "park": "always park", "default": "default (spin 20 us, yield 10 us)",
-          "adaptive": "adaptive", "paced": "paced"}
+          "adaptive": "adaptive", "paced": "paced", "zmq": ZMQ_ROW}
 
 
 def main(argv=None) -> int:

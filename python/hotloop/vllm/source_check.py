@@ -56,6 +56,7 @@ HANDLE_FIELDS = ("local_reader_ranks", "remote_subscribe_addr")
 TIMELINE_HOOKS = (
     ("vllm/v1/engine/core.py", "EngineCore", "preprocess_add_request"),
     ("vllm/v1/engine/core.py", "EngineCore", "add_request"),
+    ("vllm/v1/engine/core_client.py", "AsyncMPClient", "add_request_async"),
     (EXECUTOR_MODULE, "MultiprocExecutor", "execute_model"),
     (EXECUTOR_MODULE, "MultiprocExecutor", "sample_tokens"),
     ("vllm/v1/core/sched/scheduler.py", "Scheduler", "update_from_output"),

@@ -12,6 +12,8 @@ Contract:
   - engine core, per step: ``MultiprocExecutor.execute_model`` and ``sample_tokens`` (the step, and its sampling
     call, broadcast to the workers), ``Scheduler.update_from_output`` entry (the step's answer has been read) and
     exit (its outputs are made; the output thread sends them next), and the new requests the step prefills;
+  - the front end (AsyncLLM's process), per request: ``AsyncMPClient.add_request_async`` entry (the front end has
+    made the request; it encodes and sends it to the engine core next);
   - each worker, per step: ``WorkerWrapperBase.execute_model`` and ``sample_tokens`` entry (the worker has read
     the broadcast) and exit (its answer goes out next). Steps are matched across processes by a number the
     engine core writes into the SchedulerOutput it broadcasts (``hotloop_step``).
@@ -24,8 +26,11 @@ Contract:
   ``collective_rpc("hotloop_timeline")`` returns each worker's ``[[step, read, done, sample_read,
   sample_done]]`` (None where the call did not happen); ``call_utility_async("hotloop_queue_waits")`` returns the
   engine core's queue waits alone (``{"request_ids", "waits_us", "during_step"}``).
-- ``hops(front_end, core, worker)`` turns them, with the front end's own stamps (request id -> [submitted,
-  first output]), into each request's time to first token split into the hops below (milliseconds).
+- ``hops(front_end, core, worker, sends)`` turns them, with the front end's own stamps (request id -> [submitted,
+  first output]), into each request's time to first token split into the hops below (milliseconds); with
+  ``sends`` (``front_end_sends()``, read in the front end's process) the first hop is also split in two, reported
+  beside them: "front end: submit -> send" (the front end's own work on the request) and "send -> engine core"
+  (encoding, ZeroMQ both ways, the engine core's read and decode).
 """
 
 from __future__ import annotations
@@ -48,12 +53,33 @@ _requests: dict[str, list] = {}  # request id -> [arrived ns, scheduled ns | Non
 _steps: collections.deque = collections.deque(maxlen=_MAX)  # engine core: one list per step
 _by_output: dict[int, list] = {}  # id(SchedulerOutput) -> its step's list, until update_from_output
 _worker_steps: collections.deque = collections.deque(maxlen=_MAX)
+_sends: dict[str, int] = {}  # front end: request id -> when AsyncMPClient.add_request_async was called
 _step_count = [0]
 _patches = ClassPatches()
+_parts: set[str] = set()  # what install() has stamped: "core", "client", "worker"
 
 
 def _now() -> int:
     return time.monotonic_ns()
+
+
+# ---- front end ----
+
+def _stamp_send(add_request_async):
+    @functools.wraps(add_request_async)
+    async def wrapper(self, request, *args, **kwargs):
+        if len(_sends) < _MAX:
+            _sends[request.request_id] = _now()
+        return await add_request_async(self, request, *args, **kwargs)
+
+    return wrapper
+
+
+def front_end_sends() -> dict[str, int]:
+    """This process's send stamps since the last call (request id -> ns), forgotten once returned."""
+    out = dict(_sends)
+    _sends.clear()
+    return out
 
 
 # ---- engine core ----
@@ -173,12 +199,11 @@ def worker_timeline(self=None) -> list:
 # ---- install ----
 
 def install() -> list[str]:
-    """Stamp what this process runs of vLLM (the engine core's classes, the workers' wrapper), where loaded.
-    Idempotent. Returns which parts were stamped."""
-    if _patches:
-        return _patches.owners()
+    """Stamp what this process runs of vLLM (the engine core's classes, the front end's client, the workers'
+    wrapper), where loaded. Idempotent per part: a part loaded after an earlier call is stamped by the next one.
+    Returns which parts were stamped."""
     core = sys.modules.get("vllm.v1.engine.core")
-    if core is not None:
+    if core is not None and "core" not in _parts:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
@@ -190,17 +215,25 @@ def install() -> list[str]:
         _patches.set(mpe, "execute_model", _stamp_broadcast(mpe.__dict__["execute_model"]))
         _patches.set(mpe, "sample_tokens", _stamp_sample_broadcast(mpe.__dict__["sample_tokens"]))
         _patches.set(Scheduler, "update_from_output", _stamp_response(Scheduler.__dict__["update_from_output"]))
+        _parts.add("core")
+    client = sys.modules.get("vllm.v1.engine.core_client")
+    if client is not None and "client" not in _parts and "add_request_async" in client.AsyncMPClient.__dict__:
+        amc = client.AsyncMPClient
+        _patches.set(amc, "add_request_async", _stamp_send(amc.__dict__["add_request_async"]))
+        _parts.add("client")
     worker = sys.modules.get("vllm.v1.worker.worker_base")
-    if worker is not None:
+    if worker is not None and "worker" not in _parts:
         ww = worker.WorkerWrapperBase
         _patches.set(ww, "execute_model", _stamp_worker(ww.__dict__["execute_model"], 1))
         _patches.set(ww, "sample_tokens", _stamp_worker(ww.__dict__.get("sample_tokens", _worker_sample_tokens), 3))
         _patches.set(ww, "hotloop_timeline", worker_timeline)
+        _parts.add("worker")
     return _patches.owners()
 
 
 def uninstall() -> None:
     _patches.restore()
+    _parts.clear()
 
 
 # ---- reading ----
@@ -210,10 +243,14 @@ def _client_id(request_id: str) -> str:
     return request_id[:-9] if re.fullmatch(r".*-[0-9a-f]{8}", request_id) else request_id
 
 
-def hops(front_end: dict, core: dict, worker: list) -> dict[str, list[float]]:
+SEND_HOPS = ("front end: submit -> send", "send -> engine core")  # the first hop's two parts, where sends are known
+
+
+def hops(front_end: dict, core: dict, worker: list, sends: dict | None = None) -> dict[str, list[float]]:
     """Each request's time to first token split into HOPS (ms), for the requests found in all three records:
     front_end maps request id -> [submitted ns, first output ns] (the front end's own stamps), core is what
-    hotloop_timeline returned from the engine core, worker the output rank's records."""
+    hotloop_timeline returned from the engine core, worker the output rank's records; with sends (request id ->
+    ns, front_end_sends()) also SEND_HOPS for the requests it has."""
     first_step = {}
     steps = {s[0]: s for s in core["steps"]}
     for s in core["steps"]:
@@ -223,6 +260,8 @@ def hops(front_end: dict, core: dict, worker: list) -> dict[str, list[float]]:
     core_ids = {_client_id(rid): rid for rid in core["requests"]}
     out = {h: [] for h in HOPS}
     out["time to first token"] = []
+    if sends:
+        out.update({h: [] for h in SEND_HOPS})
     for rid, (submitted, first) in front_end.items():
         rid = core_ids.get(rid, rid)
         req, k = core["requests"].get(rid), first_step.get(rid)
@@ -234,7 +273,11 @@ def hops(front_end: dict, core: dict, worker: list) -> dict[str, list[float]]:
         for h, a, b in zip(HOPS, marks, marks[1:]):
             out[h].append((b - a) / 1e6)
         out["time to first token"].append((first - submitted) / 1e6)
+        sent = sends.get(rid) if sends else None
+        if sent is not None:
+            out[SEND_HOPS[0]].append((sent - submitted) / 1e6)
+            out[SEND_HOPS[1]].append((req[0] - sent) / 1e6)
     return out
 
 
-__all__ = ["HOPS", "core_timeline", "hops", "install", "queue_waits", "uninstall", "worker_timeline"]
+__all__ = ["HOPS", "SEND_HOPS", "core_timeline", "front_end_sends", "hops", "install", "queue_waits", "uninstall", "worker_timeline"]

@@ -96,6 +96,8 @@ async def _run_shape(engine, shape: Shape, seed: int) -> dict:
 
     params = SamplingParams(temperature=0.0, max_tokens=shape.output_tokens, ignore_eos=True)
     prompts = _prompt_ids(shape.n, shape.prompt_tokens, seed)
+    timeline.install()  # the front end's client, where it was loaded after the plugin ran in this process
+    timeline.front_end_sends()  # forget what came before
     core0 = await engine.engine_core.call_utility_async("hotloop_timeline")  # forget what came before
     await engine.collective_rpc("hotloop_timeline")
     worker_chains0 = await engine.collective_rpc(worker_reader_chains)
@@ -128,7 +130,8 @@ async def _run_shape(engine, shape: Shape, seed: int) -> dict:
     itl = [g for r in res for g in r["gaps"]]
     waits = [(v[1] - v[0]) / 1e3 for v in core["requests"].values()]
     handoffs = [(v[1] - v[3]) / 1e3 for v in core["requests"].values()]
-    hops = timeline.hops({r["rid"]: [r["submitted"], r["first"]] for r in res}, core, worker)
+    hops = timeline.hops({r["rid"]: [r["submitted"], r["first"]] for r in res}, core, worker,
+                         timeline.front_end_sends())
     return {"tok_per_s": tokens / wall, "req_per_s": len(res) / wall, "cpu_s_per_1k_tok": 1000 * cpu / tokens,
             "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
             "itl_p50_ms": percentile(itl, 50), "itl_p99_ms": percentile(itl, 99),
@@ -368,7 +371,8 @@ def summarize(raw: dict, tps, quick: bool, rounds: int, arms=ARMS, device: str =
             for arm in arms:
                 runs = [r[shape.name] for r in raw[(tp, arm)]]
                 per[arm] = {k: over_rounds([r[k] for r in runs]) for k in FIGURES}
-                per[arm]["hops_ms"] = {h: median([r["hops_ms"][h] for r in runs]) for h in runs[0]["hops_ms"]}
+                per[arm]["hops_ms"] = {h: median([r["hops_ms"].get(h, math.nan) for r in runs])
+                                       for h in runs[0]["hops_ms"]}
                 per[arm]["waits_during_step"] = sum(r["waits_during_step"] for r in runs)
                 per[arm]["cpu_pct"] = {k: median([r["cpu_pct"].get(k, 0.0) for r in runs])
                                        for k in sorted(set().union(*(r["cpu_pct"] for r in runs)))}
@@ -593,7 +597,7 @@ def render(data: dict, tps, quick: bool) -> Report:
     parts.append(table("Where a request's time to first token goes (shape 'poisson'; ms, median over requests, "
                        "then over rounds)", ["TP / arm"] + list(_hop_names()), hop_rows,
                        note="Stamps from CLOCK_MONOTONIC in each process (hotloop.vllm.timeline, every arm): front "
-                            "end submit -> engine core input thread -> scheduler -> step broadcast -> worker read "
+                            "end submit -> (the front end's client sends) -> engine core read -> scheduler -> step broadcast -> worker read "
                             "-> step done -> response read -> outputs made -> first output at the front end."))
     idle_rows = [[f"TP={tp} {arm}"] + [median_range(data["tp"][tp]["idle"][arm][k], 2) for k in IDLE_PARTS]
                  for tp in tps for arm in arms]
@@ -712,9 +716,9 @@ def _chain_table(data: dict, tps):
 
 
 def _hop_names():
-    from hotloop.vllm.timeline import HOPS
+    from hotloop.vllm.timeline import HOPS, SEND_HOPS
 
-    return HOPS + ("time to first token",)
+    return HOPS + ("time to first token",) + SEND_HOPS
 
 
 def _plot(data: dict, raw: dict, tps, path: str) -> str:
