@@ -22,7 +22,7 @@ from concurrent.futures import Future
 import pytest
 import zmq
 
-from hotloop.vllm import engine_loop, input_read
+from hotloop.vllm import engine_loop, input_read, mirrored
 from hotloop.vllm.engine_loop import EngineInputQueue, StepWait
 from hotloop.vllm.message_queue import MessageQueue
 from hotloop.vllm.queue_slot import QueueSlot
@@ -116,7 +116,7 @@ def fake_vllm(monkeypatch):
         EngineCoreProc=Core)
     monkeypatch.setitem(sys.modules, "vllm.v1.engine.core", mod)
     monkeypatch.setattr(input_read, "_vllm_process_input_sockets", vllms_input_thread)
-    monkeypatch.setitem(input_read.MIRRORED, input_read.body_digest(vllms_input_thread), "the stand-in")
+    monkeypatch.setitem(input_read.MIRRORED, mirrored.body_digest(vllms_input_thread), "the stand-in")
     return mod
 
 
@@ -343,4 +343,4 @@ def test_the_installed_vllms_body_is_one_the_reader_mirrors():
     original = core.EngineCoreProc.__dict__["process_input_sockets"]
     if original is input_read.process_input_sockets:
         original = input_read._vllm_process_input_sockets
-    assert input_read.body_digest(original) in input_read.MIRRORED
+    assert mirrored.body_digest(original) in input_read.MIRRORED

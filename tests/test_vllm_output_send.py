@@ -5,6 +5,7 @@ refuses one, and after the output thread has ended."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 import queue
 import sys
@@ -15,7 +16,7 @@ import uuid
 import pytest
 import zmq
 
-from hotloop.vllm import output_send
+from hotloop.vllm import mirrored, output_send
 from hotloop.vllm.output_send import OutputQueue
 from hotloop.vllm.queue_slot import QueueSlot
 
@@ -273,3 +274,30 @@ def test_the_send_is_on_unless_the_switch_turns_it_off(monkeypatch):
         else:
             monkeypatch.setenv("HOTLOOP_VLLM_SEND", value)
         assert output_send.send_enabled() is want, value
+
+
+def test_install_takes_over_only_an_output_thread_it_mirrors(fake_vllm, monkeypatch, caplog):
+    class Proc:
+        def process_output_sockets(self, output_paths, coord_output_path, engine_index):
+            return "vLLM's own"
+
+    fake_vllm.EngineCoreProc = Proc
+    with caplog.at_level(logging.WARNING, logger="hotloop.vllm"):
+        assert output_send.install() is False  # a body output_send was not written against: left to vLLM
+    assert Proc.__dict__["process_output_sockets"] is not output_send.process_output_sockets
+    assert "not one output_send mirrors" in caplog.text
+    monkeypatch.setitem(output_send.MIRRORED, mirrored.body_digest(Proc.process_output_sockets), "the stand-in")
+    try:
+        assert output_send.install() is True
+        assert Proc.__dict__["process_output_sockets"] is output_send.process_output_sockets
+    finally:
+        output_send.uninstall()
+    assert Proc().process_output_sockets([], None, 0) == "vLLM's own"
+
+
+def test_the_installed_vllms_output_thread_is_one_output_send_mirrors():
+    core = pytest.importorskip("vllm.v1.engine.core")
+    original = core.EngineCoreProc.__dict__["process_output_sockets"]
+    if original is output_send.process_output_sockets:
+        pytest.skip("installed in this process; the wheel checks in test_vllm_source cover the body")
+    assert mirrored.body_digest(original) in output_send.MIRRORED

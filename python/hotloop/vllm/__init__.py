@@ -154,8 +154,7 @@ def _install_send() -> bool:
     is loaded and HOTLOOP_VLLM_SEND does not turn it off."""
     from hotloop.vllm import output_send
 
-    if output_send.send_enabled() and "vllm.v1.engine.core" in sys.modules:
-        output_send.install()
+    if output_send.send_enabled() and "vllm.v1.engine.core" in sys.modules and output_send.install():
         log.info("hotloop: vLLM's engine core sends each output from the thread that makes it in process %d "
                  "(HOTLOOP_VLLM_SEND=0: through vLLM's output thread)", os.getpid())
         return True

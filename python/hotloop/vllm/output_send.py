@@ -23,7 +23,8 @@ Contract:
   sockets are used by one thread at a time (libzmq allows a socket to move between threads across a full memory
   barrier: the lock, and the queue's own mutex).
 - On with hotloop's queue (the plugin installs it in the engine-core process); ``HOTLOOP_VLLM_SEND=0`` keeps
-  vLLM's output thread as it is. ``uninstall()`` puts vLLM's back for engine cores made afterwards. Measured
+  vLLM's output thread as it is, and so does a vLLM whose ``process_output_sockets`` is not a body this copy was
+  written against (``MIRRORED``, the digest of its syntax tree: ``mirrored.py``), with a warning naming the release. ``uninstall()`` puts vLLM's back for engine cores made afterwards. Measured
   (docs/vllm.md, "The engine core's output send"): the hop from a step's outputs to the front end is below
   vLLM's or within 0.08 ms of it, where the hand-off had made it 1.4-2.8x vLLM's at TP=2. The encoding moves to
   the putting thread (the engine core's main thread, between a step's outputs and the next schedule); outputs
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import queue
 import sys
 import threading
@@ -41,9 +43,12 @@ import threading
 import zmq
 
 from hotloop.vllm.class_patches import ClassPatches
+from hotloop.vllm.mirrored import body_digest, vllm_version
 from hotloop.vllm.queue_slot import QueueSlot
 
 _ENGINE_CORE = "vllm.v1.engine.core"
+# mirrored.tree_digest of vLLM's process_output_sockets, per body this module's copy was written against
+MIRRORED = {"397261277061aca4": "0.30.0, 0.31.0, 0.32.0, 0.33.0"}
 
 
 class OutputSender:
@@ -168,17 +173,27 @@ def send_enabled() -> bool:
 
 
 _patches = ClassPatches()
+_log = logging.getLogger("hotloop.vllm")
 
 
-def install() -> None:
-    """Outputs sent by their putting thread in this process (idempotent). Needs vLLM's engine-core module."""
+def install() -> bool:
+    """Outputs sent by their putting thread in this process (idempotent). Needs vLLM's engine-core module. False,
+    with vLLM's output thread left as it is, where vLLM's ``process_output_sockets`` is not a body this module's
+    copy was written against (``MIRRORED``)."""
     import importlib
 
     proc = importlib.import_module(_ENGINE_CORE).EngineCoreProc
     if proc.__dict__.get("process_output_sockets") is process_output_sockets:
-        return
+        return True
+    digest = body_digest(proc.__dict__["process_output_sockets"])
+    if digest not in MIRRORED:
+        _log.warning("hotloop: the engine core's outputs go through vLLM's output thread: vLLM %s's "
+                     "process_output_sockets is not one output_send mirrors (digest %s; mirrored: %s)",
+                     vllm_version(), digest, ", ".join(MIRRORED.values()))
+        return False
     _patches.set(proc, "output_queue", QueueSlot("output_queue", OutputQueue))
     _patches.set(proc, "process_output_sockets", process_output_sockets)
+    return True
 
 
 def uninstall() -> None:
@@ -196,5 +211,5 @@ def counts(core) -> dict:
     return {"direct": q.direct, "queued": q.queued} if isinstance(q, OutputQueue) else {"direct": 0, "queued": 0}
 
 
-__all__ = ["OutputQueue", "OutputSender", "counts", "install", "is_installed", "process_output_sockets",
+__all__ = ["MIRRORED", "OutputQueue", "OutputSender", "counts", "install", "is_installed", "process_output_sockets",
            "send_enabled", "uninstall"]

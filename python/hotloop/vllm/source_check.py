@@ -14,7 +14,7 @@ Contract:
   ``vllm.general_plugins`` entry points; what ``engine_loop`` hooks (``FutureWrapper.result`` and its
   ``get_response`` closure over ``response_mqs`` and ``deadline``, ``EngineCoreProc``'s ``input_queue``,
   ``_process_engine_step``, ``_handle_client_request``), what ``output_send`` mirrors (``EngineCoreProc``'s
-  ``output_queue`` and its ``process_output_sockets`` thread: its arguments, sockets and encoding, and only
+  ``output_queue`` and its ``process_output_sockets`` thread: one of the bodies in ``output_send.MIRRORED``, and only
   ``put_nowait`` / ``put`` / ``get`` called on the queue), what ``input_read`` mirrors (``process_input_sockets``
   one of the bodies in ``input_read.MIRRORED``, started as the input thread, the names it takes from the module,
   and only the ``queue.Queue`` calls ``EngineInputQueue`` has made on ``input_queue``), what ``timeline`` stamps, and what ``ray_liveness``
@@ -300,11 +300,18 @@ def _output_send_checks(source: VllmSource) -> list[Finding]:
              if isinstance(n, (ast.Attribute, ast.Name))} if fn else set()
     needed = {"make_zmq_socket", "PUSH", "MsgpackEncoder", "encode_into", "encode", "ENGINE_CORE_DEAD",
               "_send_msg_tracking_payload"}
-    ok = args == ["self", "output_paths", "coord_output_path", "engine_index"] and needed <= names
-    out.append(Finding("EngineCoreProc.process_output_sockets(output_paths, coord_output_path, engine_index) makes "
-                       "PUSH sockets and encodes as output_send's does", ok,
-                       "" if ok else (f"arguments {args}" if fn else "not there") +
-                       (f"; does not use {sorted(needed - names)}" if fn and not needed <= names else "")))
+    from hotloop.vllm import output_send
+    from hotloop.vllm.mirrored import tree_digest
+
+    digest = tree_digest(fn) if fn else None
+    ok = digest in output_send.MIRRORED
+    shape = args == ["self", "output_paths", "coord_output_path", "engine_index"] and needed <= names
+    out.append(Finding("EngineCoreProc.process_output_sockets(output_paths, coord_output_path, engine_index) is a "
+                       f"body output_send mirrors (vLLM {output_send.MIRRORED.get(digest, '?')})", ok,
+                       "" if ok else "not there" if fn is None else
+                       f"digest {digest}" + ("" if shape else f"; arguments {args}" if needed <= names else
+                                             f"; arguments {args}; does not use {sorted(needed - names)}") +
+                       ": read it against output_send.process_output_sockets, then add it to output_send.MIRRORED"))
     imported = {a.asname or a.name for n in (tree.body if tree else ()) if isinstance(n, ast.ImportFrom)
                 for a in n.names}
     missing = {"make_zmq_socket", "MsgpackEncoder"} - imported
@@ -320,6 +327,7 @@ def _output_send_checks(source: VllmSource) -> list[Finding]:
 def _input_read_checks(source: VllmSource) -> list[Finding]:
     """What input_read.py mirrors and relies on in vLLM's engine core."""
     from hotloop.vllm import input_read
+    from hotloop.vllm.mirrored import tree_digest
 
     tree = source.tree(ENGINE_CORE_MODULE)
     proc = _class(tree, "EngineCoreProc")
@@ -331,7 +339,7 @@ def _input_read_checks(source: VllmSource) -> list[Finding]:
     out = [Finding("EngineCoreProc.__init__ starts its input thread on self.process_input_sockets (looked up after "
                    "the plugin loads)", target, "" if target else "no such thread target")]
     fn = methods.get("process_input_sockets")
-    digest = input_read.tree_digest(fn) if fn else None
+    digest = tree_digest(fn) if fn else None
     ok = digest in input_read.MIRRORED
     out.append(Finding("EngineCoreProc.process_input_sockets is a body input_read mirrors (vLLM "
                        f"{input_read.MIRRORED.get(digest, '?')})", ok,
