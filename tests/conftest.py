@@ -297,3 +297,17 @@ def require_torch():
     import torch
 
     return torch
+
+
+@pytest.fixture
+def response_queue():
+    """A vLLM step's response queue on hotloop's ring (hotloop.vllm.MessageQueue): (the worker's writer, the engine
+    core's reader), attached."""
+    from hotloop.vllm.message_queue import MessageQueue
+
+    writer = MessageQueue(1, 1, max_chunk_bytes=1 << 16)
+    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
+    writer.wait_until_ready(10)
+    yield writer, reader
+    reader.close()
+    writer.close()

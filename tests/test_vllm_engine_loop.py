@@ -140,16 +140,6 @@ class FakeCore:
             self.on_request(request_type, request)
 
 
-@pytest.fixture
-def response_queue():
-    writer = MessageQueue(1, 1, max_chunk_bytes=1 << 16)
-    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
-    writer.wait_until_ready(10)
-    yield writer, reader
-    reader.close()
-    writer.close()
-
-
 def test_inputs_are_handled_while_the_step_runs_and_the_response_ends_the_wait(response_queue):
     writer, reader = response_queue
     core = FakeCore()

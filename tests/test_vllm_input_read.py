@@ -24,7 +24,6 @@ import zmq
 
 from hotloop.vllm import engine_loop, input_read, mirrored
 from hotloop.vllm.engine_loop import EngineInputQueue, StepWait
-from hotloop.vllm.message_queue import MessageQueue
 from hotloop.vllm.queue_slot import QueueSlot
 
 FT_METHOD = "ft_command"
@@ -197,24 +196,94 @@ def test_requests_sent_while_the_main_thread_waits_are_each_read_once_in_order(f
     stop(core, thread)
 
 
-def test_get_nowait_and_empty_read_the_socket_and_the_queue_keeps_other_threads_puts(fake_vllm, front_end):
+def arrived(core, timeout=10.0):
+    """Wait (outside the queue under test) until the front end's socket holds a message: poll does not take it."""
+    assert core.input_queue.reader.sockets[0].poll(int(timeout * 1000)), "the front end's message never arrived"
+
+
+def test_get_nowait_empty_and_qsize_each_read_the_socket(fake_vllm, front_end):
+    core = Core()
+    thread = front_end.start(core)
+    q = core.input_queue
+    front_end.add("a")
+    arrived(core)
+    assert not q.empty()  # read by empty() itself
+    assert q.get_nowait() == (RequestType.ADD, ("preprocessed", "a"))
+    front_end.send(RequestType.ABORT, ["x"])
+    arrived(core)
+    assert q.get_nowait() == (RequestType.ABORT, ["x"])  # read by get_nowait() itself
+    assert core.aborts_queue.get_nowait() == ["x"]  # as vLLM: an abort goes into both queues
+    front_end.send(RequestType.UTILITY, (0, 1, "is_sleeping", ()))
+    arrived(core)
+    assert q.qsize() == 1  # read by qsize() itself
+    assert q.get_nowait() == (RequestType.UTILITY, (0, 1, "is_sleeping", ()))
+    with pytest.raises(queue.Empty):
+        q.get_nowait()
+    assert q.empty()
+    stop(core, thread)
+
+
+def test_other_threads_puts_keep_their_place_and_wake_a_blocking_get(fake_vllm, front_end):
     core = Core()
     thread = front_end.start(core)
     q = core.input_queue
     q.put_nowait(("EXECUTOR_FAILED", b""))  # the executor's monitor thread puts into the queue
     front_end.add("a")
-    front_end.send(RequestType.ABORT, ["x"])
-    front_end.send(RequestType.UTILITY, (0, 1, "is_sleeping", ()))
-    deadline = time.monotonic() + 10
-    while q.qsize() < 4 and time.monotonic() < deadline:
-        time.sleep(0.001)  # the test waits for ZeroMQ to deliver; the reads under test never block
-    assert not q.empty()
-    assert [q.get_nowait() for _ in range(4)] == [
-        ("EXECUTOR_FAILED", b""), (RequestType.ADD, ("preprocessed", "a")), (RequestType.ABORT, ["x"]),
-        (RequestType.UTILITY, (0, 1, "is_sleeping", ()))]
-    assert core.aborts_queue.get_nowait() == ["x"]  # as vLLM: an abort goes into both queues
-    with pytest.raises(queue.Empty):
-        q.get_nowait()
+    arrived(core)
+    assert [q.get_nowait(), q.get_nowait()] == [("EXECUTOR_FAILED", b""), (RequestType.ADD, ("preprocessed", "a"))]
+    # a get() parked on the sockets and the queue is woken by a put from another thread (vLLM's WAKEUP on shutdown)
+    waker = threading.Timer(0.1, q.put_nowait, args=(("WAKEUP", None),))
+    waker.start()
+    assert q.get(timeout=10) == ("WAKEUP", None)
+    waker.join()
+    stop(core, thread)
+
+
+def test_a_burst_is_read_in_batches_and_the_step_wait_looks_at_the_answer_between_two(fake_vllm, front_end,
+                                                                                       response_queue):
+    writer, reader = response_queue
+    core = Core()
+    core.model_executor.response_mqs = [reader]
+    thread = front_end.start(core)
+    n = 5 * input_read.READ_BATCH
+    for i in range(n):
+        front_end.add(f"r{i}")
+    arrived(core)
+    time.sleep(0.2)  # ZeroMQ moves the rest of the burst into the socket's pipe meanwhile (a poll cannot count it)
+    handled_before_answer = []
+
+    def on_first(request_type, request):  # the step's answer comes while the first batch is handled
+        if not handled_before_answer:
+            writer.enqueue((0, "output"))
+        handled_before_answer.append(request)
+
+    core._handle_client_request = lambda t, r: (on_first(t, r), core.handled.append((t, r)))
+    step = Step([reader], deadline=time.monotonic() + 30)
+    StepWait(core).wait_for(step)
+    assert step.result() == "output"
+    # the answer was read after the batch it came during, not after the whole burst
+    assert len(core.handled) == input_read.READ_BATCH
+    rest = []
+    while not core.input_queue.empty():
+        rest.append(core.input_queue.get_nowait())
+    assert [r for _, r in core.handled] + [r for _, r in rest] == [("preprocessed", f"r{i}") for i in range(n)]
+    stop(core, thread)
+
+
+def test_a_read_waits_for_another_threads_batch_and_loses_nothing(fake_vllm, front_end):
+    core = Core()
+    thread = front_end.start(core)
+    q, reader = core.input_queue, core.input_queue.reader
+    front_end.add("a")
+    arrived(core)
+    got = []
+    with reader.lock:  # another thread's read in progress
+        t = threading.Thread(target=lambda: got.append(q.read()))
+        t.start()
+        t.join(0.2)
+        assert t.is_alive()  # waits for the lock: a read that returned 0 here could let a wait miss "a"
+    t.join(10)
+    assert got == [1] and q.get_nowait() == (RequestType.ADD, ("preprocessed", "a"))
     stop(core, thread)
 
 
@@ -260,10 +329,8 @@ class Step(Future):
         self.set_result(self.get_response()[0])
 
 
-def test_the_step_wait_handles_a_request_that_reaches_the_socket_during_the_step(fake_vllm, front_end):
-    writer = MessageQueue(1, 1, max_chunk_bytes=1 << 16)
-    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
-    writer.wait_until_ready(10)
+def test_the_step_wait_handles_a_request_that_reaches_the_socket_during_the_step(fake_vllm, front_end, response_queue):
+    writer, reader = response_queue
     core = Core()
     core.model_executor.response_mqs = [reader]
     thread = front_end.start(core)
@@ -289,8 +356,6 @@ def test_the_step_wait_handles_a_request_that_reaches_the_socket_during_the_step
     assert core.handled == [(RequestType.ADD, ("preprocessed", "mid-step"))]
     assert core.input_queue.reader.messages == 1
     stop(core, thread)
-    reader.close()
-    writer.close()
 
 
 def test_the_coordinators_ready_notices_are_skipped(fake_vllm, front_end):

@@ -642,6 +642,9 @@ def _periodic_zmq(period_s, jitter, n, pin=False):
     child.start()
     rng = random.Random(7)
     try:
+        if not router.poll(30_000):
+            raise RuntimeError(f"the ZeroMQ reader (pid {child.pid}) did not connect within 30 s "
+                               f"(exit code {child.exitcode})")
         identity, _ = router.recv_multipart()
         if pin:
             os.sched_setaffinity(0, {cpus[1]})

@@ -80,9 +80,14 @@ class EngineInputQueue:
         return [self._q] if reader is None else [self._q, *reader.sources]
 
     def read(self) -> int:
-        """Move what the input sockets hold into the queue, decoded; how many (0 without a reader)."""
+        """Move a batch of what the input sockets hold into the queue, decoded: how many messages it took (0: the
+        sockets held nothing, or there is no reader)."""
         reader = self.reader
         return 0 if reader is None else reader.read(self._q.put)
+
+    def take_queued(self):
+        """The oldest item already in the queue, without reading the sockets; queue.Empty if none."""
+        return self._q.get_nowait()
 
     def put(self, item, block: bool = True, timeout: float | None = None) -> None:
         self._q.put(item)
@@ -99,10 +104,12 @@ class EngineInputQueue:
             return self._q.get(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            self.read()
+            taken = self.read()
             try:
                 return self._q.get_nowait()
             except queue.Empty:
+                if taken:  # all answered or dropped, and there may be more: read again before any wait
+                    continue
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise
@@ -187,12 +194,14 @@ class StepWait:
                 ready = wait_any([*sources, *pending], timeout=left, policy=self.policy)
                 if any(s in ready for s in sources):
                     self._handle_inputs()
+            self.inputs.read()  # an abort that came with the answer reaches aborts_queue before vLLM's step reads it
         finally:
             self.busy = False
 
     def _handle_inputs(self) -> None:
-        # One at a time: an input that raises (EXECUTOR_FAILED) leaves the ones behind it queued.
-        handle, take = self.core._handle_client_request, self.inputs.get_nowait
+        # What is queued now, one at a time (a batch of the sockets' messages, read before): an input that raises
+        # (EXECUTOR_FAILED) leaves the ones behind it queued.
+        handle, take = self.core._handle_client_request, self.inputs.take_queued
         while True:
             try:
                 request_type, request = take()

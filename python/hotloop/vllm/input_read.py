@@ -31,10 +31,10 @@ Contract:
   blocks in vLLM's own ``result()`` delays the reads behind it, as it delays their handling in vLLM.
 - Socket use: the sockets are made by the input thread and used by one thread at a time afterwards (the ready
   event, then the reader's lock: the full memory barrier libzmq asks for a socket that moves between threads).
-  A read takes the lock without waiting: a second thread that asks meanwhile sees what the queue holds.
-  ZeroMQ's descriptor is edge-like (readable when the socket's state may have changed), so every read drains each
-  socket until ``ZMQ_EVENTS`` shows nothing left, and every wait reads first: no message is left behind a
-  descriptor that will not fire again.
+  ZeroMQ's descriptor is edge-like (readable when the socket's state may have changed), so a wait on it follows a
+  read that found ``ZMQ_EVENTS`` without a message on every socket: no message is left behind a descriptor that
+  will not fire again. A read takes at most ``READ_BATCH`` messages, so a burst is read in batches and the loop's
+  step wait looks at the step's answer between two.
 - An error while decoding a message (a corrupt frame) raises in the main thread, which ends the engine core as
   vLLM reports a dead engine; vLLM's input thread would die with it and leave the engine core deaf.
 - ``HOTLOOP_VLLM_INPUT_READ=0`` keeps vLLM's input thread with the loop on.
@@ -57,11 +57,14 @@ _ENGINE_CORE = "vllm.v1.engine.core"
 
 # mirrored.tree_digest of vLLM's process_input_sockets, per body this module mirrors
 MIRRORED = {
-    "26eeb4a2d675aaab": "0.30.0, 0.31.0, 0.32.0",
-    "cc66777367aa2ab9": "0.33.0 (adds the VLLMValidationError answer)",
+    "977b823a81ee89af": "0.30.0, 0.31.0, 0.32.0",
+    "2fe892160571748c": "0.33.0 (adds the VLLMValidationError answer)",
 }
 
 log = logging.getLogger("hotloop.vllm")
+# messages one read() decodes at most: a burst is read in batches, and the loop's step wait looks at the step's answer
+# between two (vLLM's input thread decoded alongside the step; here a batch's decodes delay the answer's reading)
+READ_BATCH = 16
 
 
 class InputReader:
@@ -83,23 +86,27 @@ class InputReader:
         self.messages = 0  # read by this reader (loop_state reports it)
 
     def read(self, put) -> int:
-        """Read every message the sockets hold (never blocks) and ``put`` the ``(request_type, request)`` of each one
-        to handle. Returns how many were put; 0 at once where another thread is reading."""
-        if not self.lock.acquire(blocking=False):
-            return 0
-        n = 0
-        try:
-            for socket in self.sockets:
-                while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # also clears the descriptor's edge
+        """Take up to ``READ_BATCH`` messages the sockets hold, one socket after the other in turn (never blocks), and
+        ``put`` the ``(request_type, request)`` of each one to handle. Returns how many messages it took (put, or
+        answered here); 0 means every socket showed nothing, so their descriptors may be waited on. A second thread
+        that reads meanwhile waits for this one's batch (at most READ_BATCH decodes); a closed reader reads nothing."""
+        taken = 0
+        with self.lock:
+            live = list(self.sockets)
+            while live and taken < READ_BATCH:
+                for socket in list(live):
+                    if taken >= READ_BATCH:
+                        break
+                    if not socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # also clears the descriptor's edge
+                        live.remove(socket)
+                        continue
                     frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    taken += 1
                     self.messages += 1
                     item = self.decode(socket, frames)
                     if item is not None:
                         put(item)
-                        n += 1
-        finally:
-            self.lock.release()
-        return n
+        return taken
 
     def decode(self, socket, frames):
         """One message as vLLM's input thread handles it: ``(request_type, request)`` to queue, or None where it is
@@ -194,7 +201,8 @@ def process_input_sockets(self, input_addresses: list[str], coord_input_address:
         ready_event.set()
         del ready_event
         reader.closed.wait()
-        with reader.lock:  # a read in progress finishes before the sockets close
+        with reader.lock:  # a read in progress finishes first; later ones read nothing
+            reader.sockets, reader.sources = [], []
             self.input_queue.attach(None)
 
 

@@ -48,7 +48,7 @@ from hotloop.vllm.queue_slot import QueueSlot
 
 _ENGINE_CORE = "vllm.v1.engine.core"
 # mirrored.tree_digest of vLLM's process_output_sockets, per body this module's copy was written against
-MIRRORED = {"397261277061aca4": "0.30.0, 0.31.0, 0.32.0, 0.33.0"}
+MIRRORED = {"de2ed915af8ec966": "0.30.0, 0.31.0, 0.32.0, 0.33.0"}
 
 
 class OutputSender:

@@ -269,16 +269,16 @@ def _init_assigns(proc: ast.ClassDef | None, attr: str, user: str) -> Finding:
                    "" if assigns else "not assigned there")
 
 
-def _calls_on(source: VllmSource, attr: str) -> dict[str, set[str]]:
-    """The methods called on ``<anything>.<attr>`` across vLLM's modules: method -> the files that call it."""
-    calls: dict[str, set[str]] = {}
+def _uses_of(source: VllmSource, attr: str) -> dict[str, set[str]]:
+    """What vLLM's modules use of ``<anything>.<attr>``, methods called and attributes read alike (``.mutex``,
+    ``.queue``): name -> the files that use it."""
+    uses: dict[str, set[str]] = {}
     for rel, text in source.files():
         if attr in text:
             for n in ast.walk(source.tree(rel)):
-                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                        and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == attr):
-                    calls.setdefault(n.func.attr, set()).add(rel)
-    return calls
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == attr:
+                    uses.setdefault(n.attr, set()).add(rel)
+    return uses
 
 
 def _output_send_checks(source: VllmSource) -> list[Finding]:
@@ -317,9 +317,9 @@ def _output_send_checks(source: VllmSource) -> list[Finding]:
     missing = {"make_zmq_socket", "MsgpackEncoder"} - imported
     out.append(Finding("vllm.v1.engine.core imports make_zmq_socket and MsgpackEncoder by name (output_send takes "
                        "them from it)", not missing, f"missing {sorted(missing)}" if missing else ""))
-    calls = _calls_on(source, "output_queue")  # every module: the fault-tolerance sentinel puts into it too
+    calls = _uses_of(source, "output_queue")  # every module: the fault-tolerance sentinel puts into it too
     other = {m: sorted(f) for m, f in calls.items() if m not in ("put_nowait", "put", "get")}
-    out.append(Finding("vLLM calls only put_nowait, put and get on an output_queue", not other,
+    out.append(Finding("vLLM uses only put_nowait, put and get of an output_queue", not other,
                        f"also {other}" if other else ""))
     return out
 
@@ -356,10 +356,10 @@ def _input_read_checks(source: VllmSource) -> list[Finding]:
     out.append(Finding("vllm.v1.engine.core has make_zmq_socket, MsgpackDecoder, EngineCoreRequest(Type), "
                        "MultiModalCacheMissError and FT_UTILITY_METHOD by name (input_read takes them from it)",
                        not missing, f"missing {sorted(missing)}" if missing else ""))
-    calls = _calls_on(source, "input_queue")
+    calls = _uses_of(source, "input_queue")
     other = {m: sorted(f) for m, f in calls.items()
              if m not in ("put_nowait", "put", "get", "get_nowait", "empty", "qsize")}
-    out.append(Finding("vLLM calls only the queue.Queue methods EngineInputQueue has on an input_queue", not other,
+    out.append(Finding("vLLM uses only the queue.Queue methods EngineInputQueue has of an input_queue", not other,
                        f"also {other}" if other else ""))
     return out
 
