@@ -232,7 +232,8 @@ V2_OUTPUT = "vllm/v1/worker/gpu/async_utils.py"
      "is a body output_send mirrors (vLLM ?): digest"),  # any change to what it does, its names all kept
     ({"vllm/v1/engine/core.py": [("encoder.encode_into(output[1], bytearray())", "encoder.encode(output[1])")]},
      "does not use ['encode_into']"),
-    ({"vllm/v1/engine/core.py": [("from vllm.v1.serial_utils import MsgpackEncoder", "from vllm.v1 import serial_utils")]},
+    ({"vllm/v1/engine/core.py": [("from vllm.v1.serial_utils import MsgpackEncoder",
+                                  "from vllm.v1 import serial_utils")]},
      "imports make_zmq_socket and MsgpackEncoder by name (output_send takes them from it): missing ['MsgpackEncoder']"),
     ({"vllm/v1/engine/core.py": [("self.output_queue.put_nowait((0, None))", "self.output_queue.join()")]},
      "only put_nowait, put and get of an output_queue: also {'join': ['vllm/v1/engine/core.py']}"),

@@ -143,8 +143,9 @@ def _install_loop() -> bool:
         if input_read.read_enabled():
             input_read.install()
         log.info("hotloop: vLLM's engine core handles its inputs while a step runs (HOTLOOP_VLLM_LOOP=%s) in "
-                 "process %d; its main thread reads the input sockets where it can: %s", os.environ["HOTLOOP_VLLM_LOOP"],
-                 os.getpid(), "yes" if input_read.is_installed() else "no (HOTLOOP_VLLM_INPUT_READ=0)")
+                 "process %d; its main thread reads the input sockets where it can: %s",
+                 os.environ["HOTLOOP_VLLM_LOOP"], os.getpid(),
+                 "yes" if input_read.is_installed() else "no (HOTLOOP_VLLM_INPUT_READ=0)")
         return True
     return False
 

@@ -115,9 +115,12 @@ class EngineInputQueue:
                     raise
             wait_any(self.wait_sources(), timeout=left)
 
-    def get_nowait(self):
+    def _read_if_empty(self) -> None:
         if self.reader is not None and self._q.empty():
             self.read()
+
+    def get_nowait(self):
+        self._read_if_empty()
         return self._q.get_nowait()
 
     def drain(self) -> list:
@@ -125,8 +128,7 @@ class EngineInputQueue:
         return self._q.drain()
 
     def empty(self) -> bool:
-        if self.reader is not None and self._q.empty():
-            self.read()
+        self._read_if_empty()
         return self._q.empty()
 
     def qsize(self) -> int:
@@ -274,8 +276,7 @@ def loop_state(core) -> dict:
     """A vLLM utility method of the engine core while installed (``call_utility_async("hotloop_loop_state")``):
     whether this call was handled while a step ran, how many inputs the loop has handled during steps, how many
     messages the main thread read from the input sockets itself (``input_read.py``; 0 where vLLM's input thread
-    reads them), the
-    scheduler's unfinished requests, and how the outputs went out (``output_send.counts``)."""
+    reads them), the scheduler's unfinished requests, and how the outputs went out (``output_send.counts``)."""
     from hotloop.vllm import output_send
 
     step_wait = core.__dict__.get("_hotloop_step_wait")

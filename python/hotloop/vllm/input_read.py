@@ -51,7 +51,7 @@ import zmq
 
 from hotloop._core import FdSource
 from hotloop.vllm.class_patches import ClassPatches
-from hotloop.vllm.mirrored import body_digest, vllm_version
+from hotloop.vllm.mirrored import unmirrored
 
 _ENGINE_CORE = "vllm.v1.engine.core"
 
@@ -148,7 +148,8 @@ _vllm_process_input_sockets = None  # vLLM's, kept by install()
 
 
 def _reads_here(engine) -> str | None:
-    """Why the main thread cannot read this engine core's sockets (vLLM's input thread then runs), or None."""
+    """Why the main thread cannot read this engine core's sockets, by its settings (vLLM's input thread then runs),
+    or None; whether vLLM's body is one this module mirrors is checked after."""
     from hotloop.vllm import engine_loop
 
     if not isinstance(engine.input_queue, engine_loop.EngineInputQueue):
@@ -162,10 +163,6 @@ def _reads_here(engine) -> str | None:
         return "tensor IPC is on (a decode may wait for a tensor)"
     if getattr(engine, "ft_sentinel", None) is not None:
         return "fault tolerance is on (its commands must reach a stuck main thread)"
-    digest = body_digest(_vllm_process_input_sockets)
-    if digest not in MIRRORED:
-        return (f"vLLM {vllm_version()}'s process_input_sockets is not one this module mirrors (digest {digest}; "
-                f"mirrored: {', '.join(MIRRORED.values())})")
     return None
 
 
@@ -173,9 +170,10 @@ def process_input_sockets(self, input_addresses: list[str], coord_input_address:
                           ready_event: threading.Event):
     """vLLM's input thread where the main thread cannot read the sockets; else the same sockets and handshake,
     handed to the ``EngineInputQueue``, then a sleep until the reader is closed."""
-    why = _reads_here(self)
+    why, level = _reads_here(self), logging.INFO
+    if why is None:  # a body this module does not mirror is worth a warning; the other reasons are settings
+        why, level = unmirrored(_vllm_process_input_sockets, MIRRORED, "this module"), logging.WARNING
     if why is not None:
-        level = logging.WARNING if "mirrors" in why else logging.INFO
         log.log(level, "hotloop: the engine core's inputs go through vLLM's input thread: %s", why)
         return _vllm_process_input_sockets(self, input_addresses, coord_input_address, identity, ready_event)
     import msgspec  # vLLM's dependency: its ready payload's encoding

@@ -41,6 +41,16 @@ def body_digest(function) -> str | None:
     return tree_digest(ast.parse(src).body[0])
 
 
+def unmirrored(function, mirrored: dict[str, str], who: str) -> str | None:
+    """Why `who` must leave vLLM's `function` alone (its body is none of the `mirrored` digests: digest -> the
+    releases that have it), naming the release and the digest; None where it is one of them."""
+    digest = body_digest(function)
+    if digest in mirrored:
+        return None
+    return (f"vLLM {vllm_version()}'s {function.__name__} is not one {who} mirrors (digest {digest}; mirrored: "
+            f"{', '.join(mirrored.values())})")
+
+
 def vllm_version() -> str:
     """The installed vLLM's version, for a message ("?" where no vLLM distribution is installed)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -53,4 +63,4 @@ def vllm_version() -> str:
     return "?"
 
 
-__all__ = ["body_digest", "tree_digest", "vllm_version"]
+__all__ = ["body_digest", "tree_digest", "unmirrored", "vllm_version"]

@@ -24,11 +24,12 @@ Contract:
   barrier: the lock, and the queue's own mutex).
 - On with hotloop's queue (the plugin installs it in the engine-core process); ``HOTLOOP_VLLM_SEND=0`` keeps
   vLLM's output thread as it is, and so does a vLLM whose ``process_output_sockets`` is not a body this copy was
-  written against (``MIRRORED``, the digest of its syntax tree: ``mirrored.py``), with a warning naming the release. ``uninstall()`` puts vLLM's back for engine cores made afterwards. Measured
-  (docs/vllm.md, "The engine core's output send"): the hop from a step's outputs to the front end is below
-  vLLM's or within 0.08 ms of it, where the hand-off had made it 1.4-2.8x vLLM's at TP=2. The encoding moves to
-  the putting thread (the engine core's main thread, between a step's outputs and the next schedule); outputs
-  much larger than the simulated device's (logprobs, pooling) are not measured.
+  written against (``MIRRORED``, the digest of its syntax tree: ``mirrored.py``), with a warning naming the
+  release. ``uninstall()`` puts vLLM's back for engine cores made afterwards. Measured (docs/vllm.md, "The engine
+  core's output send"): the hop from a step's outputs to the front end is below vLLM's or within 0.08 ms of it,
+  where the hand-off had made it 1.4-2.8x vLLM's at TP=2. The encoding moves to the putting thread (the engine
+  core's main thread, between a step's outputs and the next schedule); outputs much larger than the simulated
+  device's (logprobs, pooling) are not measured.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import threading
 import zmq
 
 from hotloop.vllm.class_patches import ClassPatches
-from hotloop.vllm.mirrored import body_digest, vllm_version
+from hotloop.vllm.mirrored import unmirrored
 from hotloop.vllm.queue_slot import QueueSlot
 
 _ENGINE_CORE = "vllm.v1.engine.core"
@@ -185,11 +186,9 @@ def install() -> bool:
     proc = importlib.import_module(_ENGINE_CORE).EngineCoreProc
     if proc.__dict__.get("process_output_sockets") is process_output_sockets:
         return True
-    digest = body_digest(proc.__dict__["process_output_sockets"])
-    if digest not in MIRRORED:
-        _log.warning("hotloop: the engine core's outputs go through vLLM's output thread: vLLM %s's "
-                     "process_output_sockets is not one output_send mirrors (digest %s; mirrored: %s)",
-                     vllm_version(), digest, ", ".join(MIRRORED.values()))
+    why = unmirrored(proc.__dict__["process_output_sockets"], MIRRORED, "output_send")
+    if why is not None:
+        _log.warning("hotloop: the engine core's outputs go through vLLM's output thread: %s", why)
         return False
     _patches.set(proc, "output_queue", QueueSlot("output_queue", OutputQueue))
     _patches.set(proc, "process_output_sockets", process_output_sockets)

@@ -14,16 +14,16 @@ Contract:
   ``vllm.general_plugins`` entry points; what ``engine_loop`` hooks (``FutureWrapper.result`` and its
   ``get_response`` closure over ``response_mqs`` and ``deadline``, ``EngineCoreProc``'s ``input_queue``,
   ``_process_engine_step``, ``_handle_client_request``), what ``output_send`` mirrors (``EngineCoreProc``'s
-  ``output_queue`` and its ``process_output_sockets`` thread: one of the bodies in ``output_send.MIRRORED``, and only
-  ``put_nowait`` / ``put`` / ``get`` called on the queue), what ``input_read`` mirrors (``process_input_sockets``
+  ``output_queue`` and its ``process_output_sockets`` thread: one of the bodies in ``output_send.MIRRORED``, and
+  only ``put_nowait`` / ``put`` / ``get`` used of the queue), what ``input_read`` mirrors (``process_input_sockets``
   one of the bodies in ``input_read.MIRRORED``, started as the input thread, the names it takes from the module,
-  and only the ``queue.Queue`` calls ``EngineInputQueue`` has made on ``input_queue``), what ``timeline`` stamps, and what ``ray_liveness``
-  relies on in vLLM's Ray executor (``RayWorkerHandle.run`` and its fields, every rank run before the monitor
-  starts, the executor's ``response_mqs``, ``ray_worker_handles``, ``is_failed``, ``failure_callback``) are
-  there; and the output classes ``device_wait`` wraps, of both GPU model runners (``device_wait.RUNNERS``: V1's
-  ``AsyncGPUModelRunnerOutput`` and its pooling twin, V2's ``AsyncOutput`` and ``AsyncPoolingOutput``), each with
-  an ``__init__`` taking the copy stream by its name that records the event attribute, and a ``get_output()``
-  that synchronizes it.
+  and only the ``queue.Queue`` methods ``EngineInputQueue`` has used of ``input_queue``), what ``timeline`` stamps,
+  and what ``ray_liveness`` relies on in vLLM's Ray executor (``RayWorkerHandle.run`` and its fields, every rank
+  run before the monitor starts, the executor's ``response_mqs``, ``ray_worker_handles``, ``is_failed``,
+  ``failure_callback``) are there; and the output classes ``device_wait`` wraps, of both GPU model runners
+  (``device_wait.RUNNERS``: V1's ``AsyncGPUModelRunnerOutput`` and its pooling twin, V2's ``AsyncOutput`` and
+  ``AsyncPoolingOutput``), each with an ``__init__`` taking the copy stream by its name that records the event
+  attribute, and a ``get_output()`` that synchronizes it.
 - ``python -m hotloop.vllm.source_check [PATH_OR_WHEEL ...]`` prints the findings (default: the installed vLLM)
   and exits 1 when one fails: run it on a new vLLM release before adding it to ``SUPPORTED_VLLM_VERSIONS``.
 """
@@ -269,83 +269,83 @@ def _init_assigns(proc: ast.ClassDef | None, attr: str, user: str) -> Finding:
                    "" if assigns else "not assigned there")
 
 
-def _uses_of(source: VllmSource, attr: str) -> dict[str, set[str]]:
-    """What vLLM's modules use of ``<anything>.<attr>``, methods called and attributes read alike (``.mutex``,
-    ``.queue``): name -> the files that use it."""
+def _starts_thread_on(methods: dict[str, ast.FunctionDef], kind: str, method: str) -> Finding:
+    """Whether EngineCoreProc.__init__ (in `methods`) starts a thread with ``target=self.<method>``, looked up on the
+    instance after the plugin has patched the class."""
+    init = methods.get("__init__")
+    target = init is not None and any(
+        isinstance(n, ast.keyword) and n.arg == "target" and isinstance(n.value, ast.Attribute)
+        and n.value.attr == method for n in ast.walk(init))
+    return Finding(f"EngineCoreProc.__init__ starts its {kind} thread on self.{method} (looked up after the plugin "
+                   "loads)", target, "" if target else "no such thread target")
+
+
+def _mirrors(fn: ast.FunctionDef | None, what: str, user: str, mirrored: dict[str, str], against: str,
+             detail: str = "") -> Finding:
+    """Whether vLLM's function `fn` is one of the bodies `user` copies (`mirrored`: digest -> releases); where not,
+    its digest, `detail`, and what to read it against before adding it."""
+    from hotloop.vllm.mirrored import tree_digest
+
+    digest = tree_digest(fn) if fn else None
+    ok = digest in mirrored
+    return Finding(f"{what} is a body {user} mirrors (vLLM {mirrored.get(digest, '?')})", ok,
+                   "" if ok else "not there" if fn is None else
+                   f"digest {digest}{detail}: read it against {against}, then add it to {user}.MIRRORED")
+
+
+def _uses_only(source: VllmSource, attr: str, allowed: tuple[str, ...], what: str) -> Finding:
+    """Whether vLLM's modules use nothing of ``<anything>.<attr>`` but `allowed`, methods called and attributes read
+    alike (``.mutex``, ``.queue``); where they do, each other name with the files that use it."""
     uses: dict[str, set[str]] = {}
     for rel, text in source.files():
         if attr in text:
             for n in ast.walk(source.tree(rel)):
                 if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == attr:
                     uses.setdefault(n.attr, set()).add(rel)
-    return uses
+    other = {m: sorted(f) for m, f in uses.items() if m not in allowed}
+    return Finding(f"vLLM uses only {what} of an {attr}", not other, f"also {other}" if other else "")
 
 
 def _output_send_checks(source: VllmSource) -> list[Finding]:
     """What output_send.py mirrors and relies on in vLLM's engine core."""
+    from hotloop.vllm import output_send
+
     tree = source.tree(ENGINE_CORE_MODULE)
     proc = _class(tree, "EngineCoreProc")
     methods = _methods(proc) if proc else {}
-    out = []
-    init = methods.get("__init__")
-    out.append(_init_assigns(proc, "output_queue", "output_send"))
-    target = init is not None and any(
-        isinstance(n, ast.keyword) and n.arg == "target" and isinstance(n.value, ast.Attribute)
-        and n.value.attr == "process_output_sockets" for n in ast.walk(init))
-    out.append(Finding("EngineCoreProc.__init__ starts its output thread on self.process_output_sockets (looked up "
-                       "after the plugin loads)", target, "" if target else "no such thread target"))
+    out = [_init_assigns(proc, "output_queue", "output_send"),
+           _starts_thread_on(methods, "output", "process_output_sockets")]
     fn = methods.get("process_output_sockets")
     args = [a.arg for a in fn.args.args] if fn else []
     names = {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(fn)
              if isinstance(n, (ast.Attribute, ast.Name))} if fn else set()
     needed = {"make_zmq_socket", "PUSH", "MsgpackEncoder", "encode_into", "encode", "ENGINE_CORE_DEAD",
               "_send_msg_tracking_payload"}
-    from hotloop.vllm import output_send
-    from hotloop.vllm.mirrored import tree_digest
-
-    digest = tree_digest(fn) if fn else None
-    ok = digest in output_send.MIRRORED
     shape = args == ["self", "output_paths", "coord_output_path", "engine_index"] and needed <= names
-    out.append(Finding("EngineCoreProc.process_output_sockets(output_paths, coord_output_path, engine_index) is a "
-                       f"body output_send mirrors (vLLM {output_send.MIRRORED.get(digest, '?')})", ok,
-                       "" if ok else "not there" if fn is None else
-                       f"digest {digest}" + ("" if shape else f"; arguments {args}" if needed <= names else
-                                             f"; arguments {args}; does not use {sorted(needed - names)}") +
-                       ": read it against output_send.process_output_sockets, then add it to output_send.MIRRORED"))
+    out.append(_mirrors(fn, "EngineCoreProc.process_output_sockets(output_paths, coord_output_path, engine_index)",
+                        "output_send", output_send.MIRRORED, "output_send.process_output_sockets",
+                        "" if shape else f"; arguments {args}" if needed <= names else
+                        f"; arguments {args}; does not use {sorted(needed - names)}"))
     imported = {a.asname or a.name for n in (tree.body if tree else ()) if isinstance(n, ast.ImportFrom)
                 for a in n.names}
     missing = {"make_zmq_socket", "MsgpackEncoder"} - imported
     out.append(Finding("vllm.v1.engine.core imports make_zmq_socket and MsgpackEncoder by name (output_send takes "
                        "them from it)", not missing, f"missing {sorted(missing)}" if missing else ""))
-    calls = _uses_of(source, "output_queue")  # every module: the fault-tolerance sentinel puts into it too
-    other = {m: sorted(f) for m, f in calls.items() if m not in ("put_nowait", "put", "get")}
-    out.append(Finding("vLLM uses only put_nowait, put and get of an output_queue", not other,
-                       f"also {other}" if other else ""))
+    # every module: the fault-tolerance sentinel puts into it too
+    out.append(_uses_only(source, "output_queue", ("put_nowait", "put", "get"), "put_nowait, put and get"))
     return out
 
 
 def _input_read_checks(source: VllmSource) -> list[Finding]:
     """What input_read.py mirrors and relies on in vLLM's engine core."""
     from hotloop.vllm import input_read
-    from hotloop.vllm.mirrored import tree_digest
 
     tree = source.tree(ENGINE_CORE_MODULE)
     proc = _class(tree, "EngineCoreProc")
     methods = _methods(proc) if proc else {}
-    init = methods.get("__init__")
-    target = init is not None and any(
-        isinstance(n, ast.keyword) and n.arg == "target" and isinstance(n.value, ast.Attribute)
-        and n.value.attr == "process_input_sockets" for n in ast.walk(init))
-    out = [Finding("EngineCoreProc.__init__ starts its input thread on self.process_input_sockets (looked up after "
-                   "the plugin loads)", target, "" if target else "no such thread target")]
-    fn = methods.get("process_input_sockets")
-    digest = tree_digest(fn) if fn else None
-    ok = digest in input_read.MIRRORED
-    out.append(Finding("EngineCoreProc.process_input_sockets is a body input_read mirrors (vLLM "
-                       f"{input_read.MIRRORED.get(digest, '?')})", ok,
-                       "" if ok else ("not there" if fn is None else
-                                      f"digest {digest}: read it against input_read.InputReader.decode and the "
-                                      "handshake, then add it to input_read.MIRRORED")))
+    out = [_starts_thread_on(methods, "input", "process_input_sockets"),
+           _mirrors(methods.get("process_input_sockets"), "EngineCoreProc.process_input_sockets", "input_read",
+                    input_read.MIRRORED, "input_read.InputReader.decode and the handshake")]
     defined = {a.asname or a.name for n in (tree.body if tree else ()) if isinstance(n, ast.ImportFrom)
                for a in n.names}
     defined |= {t.id for n in (tree.body if tree else ()) if isinstance(n, ast.Assign) for t in n.targets
@@ -356,11 +356,8 @@ def _input_read_checks(source: VllmSource) -> list[Finding]:
     out.append(Finding("vllm.v1.engine.core has make_zmq_socket, MsgpackDecoder, EngineCoreRequest(Type), "
                        "MultiModalCacheMissError and FT_UTILITY_METHOD by name (input_read takes them from it)",
                        not missing, f"missing {sorted(missing)}" if missing else ""))
-    calls = _uses_of(source, "input_queue")
-    other = {m: sorted(f) for m, f in calls.items()
-             if m not in ("put_nowait", "put", "get", "get_nowait", "empty", "qsize")}
-    out.append(Finding("vLLM uses only the queue.Queue methods EngineInputQueue has of an input_queue", not other,
-                       f"also {other}" if other else ""))
+    out.append(_uses_only(source, "input_queue", ("put_nowait", "put", "get", "get_nowait", "empty", "qsize"),
+                          "the queue.Queue methods EngineInputQueue has"))
     return out
 
 

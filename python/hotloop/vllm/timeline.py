@@ -280,4 +280,5 @@ def hops(front_end: dict, core: dict, worker: list, sends: dict | None = None) -
     return out
 
 
-__all__ = ["HOPS", "SEND_HOPS", "core_timeline", "front_end_sends", "hops", "install", "queue_waits", "uninstall", "worker_timeline"]
+__all__ = ["HOPS", "SEND_HOPS", "core_timeline", "front_end_sends", "hops", "install", "queue_waits", "uninstall",
+           "worker_timeline"]

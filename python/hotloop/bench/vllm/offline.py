@@ -597,8 +597,9 @@ def render(data: dict, tps, quick: bool) -> Report:
     parts.append(table("Where a request's time to first token goes (shape 'poisson'; ms, median over requests, "
                        "then over rounds)", ["TP / arm"] + list(_hop_names()), hop_rows,
                        note="Stamps from CLOCK_MONOTONIC in each process (hotloop.vllm.timeline, every arm): front "
-                            "end submit -> (the front end's client sends) -> engine core read -> scheduler -> step broadcast -> worker read "
-                            "-> step done -> response read -> outputs made -> first output at the front end."))
+                            "end submit -> (the front end's client sends) -> engine core read -> scheduler -> step "
+                            "broadcast -> worker read -> step done -> response read -> outputs made -> first output "
+                            "at the front end."))
     idle_rows = [[f"TP={tp} {arm}"] + [median_range(data["tp"][tp]["idle"][arm][k], 2) for k in IDLE_PARTS]
                  for tp in tps for arm in arms]
     parts.append(table("Idle CPU in the 3 s after the last burst, percent of one core (every thread's schedstat)",
