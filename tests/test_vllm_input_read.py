@@ -393,7 +393,7 @@ def test_where_the_main_thread_cannot_read_vllms_input_thread_runs(fake_vllm, fr
         core.model_executor = types.SimpleNamespace()
     else:
         monkeypatch.setattr(input_read, "MIRRORED", {})
-    with caplog.at_level(logging.INFO, logger="hotloop.vllm"):
+    with caplog.at_level(logging.INFO, logger="vllm.hotloop"):
         front_end.start(core)
     assert core.vllms_thread_ran
     assert getattr(core.input_queue, "reader", None) is None

@@ -282,7 +282,7 @@ def test_install_takes_over_only_an_output_thread_it_mirrors(fake_vllm, monkeypa
             return "vLLM's own"
 
     fake_vllm.EngineCoreProc = Proc
-    with caplog.at_level(logging.WARNING, logger="hotloop.vllm"):
+    with caplog.at_level(logging.WARNING, logger="vllm.hotloop"):
         assert output_send.install() is False  # a body output_send was not written against: left to vLLM
     assert Proc.__dict__["process_output_sockets"] is not output_send.process_output_sockets
     assert "not one output_send mirrors" in caplog.text
@@ -301,3 +301,18 @@ def test_the_installed_vllms_output_thread_is_one_output_send_mirrors():
     if original is output_send.process_output_sockets:
         pytest.skip("installed in this process; the wheel checks in test_vllm_source cover the body")
     assert mirrored.body_digest(original) in output_send.MIRRORED
+
+
+def test_the_large_output_bench_delivers_every_output_through_both_output_threads():
+    # python -m hotloop.bench.vllm.output_encode: vLLM's own output thread and hotloop's send, each with vLLM's real
+    # encoder and a front-end process decoding every message (run_arm raises on one missing); a step's outputs
+    # with logprobs, device-bound: hotloop's main thread sends each itself, nothing queued behind another
+    pytest.importorskip("vllm.v1.engine.core")
+    from hotloop.bench.vllm import output_encode
+
+    outs = output_encode._outputs(8, 5, 0)
+    work = output_encode._schedule_work(50)
+    got = {arm: output_encode.run_arm(outs, arm, 20, work, 3000.0) for arm in output_encode.ARMS}
+    assert (got["hotloop"]["direct"], got["hotloop"]["queued"]) == (20, 0), got["hotloop"]
+    for arm, res in got.items():
+        assert 0 < res["latency_p50_us"] < 1e6 and res["steps_per_s"] <= 1 / 3000e-6 * 1.05, (arm, res)

@@ -142,10 +142,11 @@ def _install_loop() -> bool:
         engine_loop.install()
         if input_read.read_enabled():
             input_read.install()
-        log.info("hotloop: vLLM's engine core handles its inputs while a step runs (HOTLOOP_VLLM_LOOP=%s) in "
-                 "process %d; its main thread reads the input sockets where it can: %s",
-                 os.environ["HOTLOOP_VLLM_LOOP"], os.getpid(),
-                 "yes" if input_read.is_installed() else "no (HOTLOOP_VLLM_INPUT_READ=0)")
+        # debug: every process that loads vLLM's engine-core module installs it (the front end too, which runs no
+        # engine core); an engine core says so at info level when it first uses it (EngineInputQueue)
+        log.debug("hotloop: the engine-core loop (HOTLOOP_VLLM_LOOP=%s) installed in process %d; the main thread's "
+                  "input read: %s", os.environ["HOTLOOP_VLLM_LOOP"], os.getpid(),
+                  "installed" if input_read.is_installed() else "off (HOTLOOP_VLLM_INPUT_READ=0)")
         return True
     return False
 
@@ -156,8 +157,8 @@ def _install_send() -> bool:
     from hotloop.vllm import output_send
 
     if output_send.send_enabled() and "vllm.v1.engine.core" in sys.modules and output_send.install():
-        log.info("hotloop: vLLM's engine core sends each output from the thread that makes it in process %d "
-                 "(HOTLOOP_VLLM_SEND=0: through vLLM's output thread)", os.getpid())
+        log.debug("hotloop: the engine core's output send installed in process %d (its output thread says so where an "
+                  "engine core runs)", os.getpid())
         return True
     return False
 

@@ -40,6 +40,7 @@ Turned on by the plugin with ``HOTLOOP_VLLM_LOOP=1`` (see ``hotloop.vllm``); ``u
 from __future__ import annotations
 
 import functools
+import logging
 import queue
 import sys
 import threading
@@ -52,6 +53,7 @@ from hotloop.vllm.queue_slot import QueueSlot
 
 _ENGINE_CORE = "vllm.v1.engine.core"
 _EXECUTOR = "vllm.v1.executor.multiproc_executor"
+_log = logging.getLogger("vllm.hotloop")
 
 
 class EngineInputQueue:
@@ -65,6 +67,7 @@ class EngineInputQueue:
     def __init__(self):
         self._q = InputQueue()
         self.reader = None  # input_read.InputReader, while the main thread reads the input sockets
+        _log.info("hotloop: the engine core handles its inputs while a step runs (HOTLOOP_VLLM_LOOP=1)")
 
     @property
     def hotloop_source(self) -> InputQueue:

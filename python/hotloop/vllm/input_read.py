@@ -61,7 +61,7 @@ MIRRORED = {
     "2fe892160571748c": "0.33.0 (adds the VLLMValidationError answer)",
 }
 
-log = logging.getLogger("hotloop.vllm")
+log = logging.getLogger("vllm.hotloop")  # under vLLM's logger: its lines show in vLLM's log
 # messages one read() decodes at most: a burst is read in batches, and the loop's step wait looks at the step's answer
 # between two (vLLM's input thread decoded alongside the step; here a batch's decodes delay the answer's reading)
 READ_BATCH = 16

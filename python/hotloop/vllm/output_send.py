@@ -28,8 +28,9 @@ Contract:
   release. ``uninstall()`` puts vLLM's back for engine cores made afterwards. Measured (docs/vllm.md, "The engine
   core's output send"): the hop from a step's outputs to the front end is below vLLM's or within 0.08 ms of it,
   where the hand-off had made it 1.4-2.8x vLLM's at TP=2. The encoding moves to the putting thread (the engine
-  core's main thread, between a step's outputs and the next schedule); outputs much larger than the simulated
-  device's (logprobs, pooling) are not measured.
+  core's main thread, between a step's outputs and the next schedule): with large outputs (20 logprobs a token at
+  batch 256, pooling outputs) that is 0.9-2.8 ms of the main thread's per step, which vLLM's output thread spends
+  under the same GIL (``python -m hotloop.bench.vllm.output_encode``; docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ def process_output_sockets(self, output_paths: list[str], coord_output_path: str
         direct = isinstance(out, OutputQueue)
         if direct:
             out.attach(sender)
+            _log.info("hotloop: the engine core sends each output from the thread that makes it where nothing is "
+                      "queued ahead (HOTLOOP_VLLM_SEND=0: through vLLM's output thread)")
         try:
             while True:
                 output = out.get()
@@ -174,7 +177,7 @@ def send_enabled() -> bool:
 
 
 _patches = ClassPatches()
-_log = logging.getLogger("hotloop.vllm")
+_log = logging.getLogger("vllm.hotloop")  # under vLLM's logger: its lines show in vLLM's log
 
 
 def install() -> bool:

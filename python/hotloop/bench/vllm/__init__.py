@@ -16,6 +16,9 @@ By what each module measures:
 - ``ray_executor`` (+ ``ray_driver``, the process on the head node): ``hotloop bench vllm-ray``: vLLM's Ray executor
   on two simulated nodes: outputs, the time from a cut to every request's error, a stranger on the queue ports.
 - ``omni``: ``hotloop bench vllm-omni``: vllm-omni's two-stage text pipeline on vLLM's queue and on hotloop's.
+- ``output_encode``: the engine core's output send against vLLM's output thread with small and large outputs
+  (logprobs, pooling), device-bound and host-bound (``python -m hotloop.bench.vllm.output_encode``; no engine: the
+  engine core's main thread, its output thread and a front-end process that decodes).
 
 What they share, each in one place: ``arms`` (the arms and their environments, the load shapes, the checks that an
 engine runs its arm, outputs compared across arms), ``processes`` (the CPU of a vLLM engine's processes and

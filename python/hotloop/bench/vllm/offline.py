@@ -144,7 +144,9 @@ async def _run_shape(engine, shape: Shape, seed: int) -> dict:
             "ttft_ms": ttft, "itl_ms": itl, "token_ids": [r["ids"] for r in res]}
 
 
-SAMPLE_S = 3  # the sampled repetition of the decode shape: py-spy's window (whole seconds)
+# the sampled repetition of the decode shape: py-spy's window, whole seconds (HOTLOOP_BENCH_SAMPLE_S: more samples
+# for a process's top frames, which the JSON record keeps: top_waiting and top_work, the innermost frames)
+SAMPLE_S = int(os.environ.get("HOTLOOP_BENCH_SAMPLE_S", "3"))
 SAMPLE_HZ = 100
 
 
@@ -166,7 +168,7 @@ async def _sampled_decode(engine, shape: Shape, seed: int) -> dict:
             **{f"worker{i}": p for i, p in enumerate(workers)}}
     params = SamplingParams(temperature=0.0, max_tokens=shape.output_tokens, ignore_eos=True)
     prompts = _prompt_ids(shape.n, shape.prompt_tokens, seed)
-    sampler = await asyncio.to_thread(host_samples.Sampler(pids, SAMPLE_S, SAMPLE_HZ).start)
+    sampler = await asyncio.to_thread(host_samples.Sampler(pids, SAMPLE_S, SAMPLE_HZ, top=8).start)
     done = asyncio.ensure_future(asyncio.to_thread(sampler.wait))
     rep = 0
     while not done.done():
@@ -179,7 +181,7 @@ async def _sampled_decode(engine, shape: Shape, seed: int) -> dict:
         copy = [t for t in r["threads"].values() if t.get("name") == "WorkerAsyncOutputCopy"]
         out[name] = {"waiting_share": r["waiting_share"], "waiting_cpu_pct": r["waiting_cpu_pct"],
                      "work_cpu_pct": r["work_cpu_pct"], "measured_cpu_pct": r["measured_cpu_pct"],
-                     "check": r["check"], "top_waiting": r["top_waiting"][:3],
+                     "check": r["check"], "top_waiting": r["top_waiting"][:3], "top_work": r["top_work"][:8],
                      "output_thread_waiting_cpu_pct": sum(t["waiting_cpu_pct"] for t in copy)}
     return out
 
@@ -438,6 +440,7 @@ def _summarize_sampled(per_arm: dict[str, list[dict]]) -> dict:
         for name in procs:
             out[arm][name]["check"] = [r[name]["check"] for r in runs if name in r]
             out[arm][name]["top_waiting"] = runs[-1].get(name, {}).get("top_waiting", [])
+            out[arm][name]["top_work"] = runs[-1].get(name, {}).get("top_work", [])
         totals = [sampled_totals(r) for r in runs]
         out[arm]["total"] = {k: over_rounds([t[k] for t in totals]) for k in totals[0]}
         for base in ("vllm", "vllm+spinloop"):
