@@ -144,15 +144,15 @@ def run_arm(outs, arm: str, steps: int, work: int, device_us: float) -> dict:
         thread.start()
         q = core.output_queue
         if arm != "vllm":  # its sockets open before the first put, as in an engine core (the handshake comes first)
-            for _ in range(5000):
-                with q.lock:
-                    if q.sender is not None:
-                        break
+            deadline = time.monotonic() + 10
+            while not q.sender:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("hotloop's output thread did not open its socket within 10 s")
                 time.sleep(0.001)
         critical = []
-        # async scheduling, two steps in flight: the device runs step k from its launch (or the end of step k-1,
-        # whichever is later) for device_us; the main thread waits for step k-1's end (the GIL released), puts its
-        # outputs, schedules and launches step k+1
+        # async scheduling, two steps in flight: the device runs step k for device_us from its launch or the end
+        # of step k-1, whichever is later; the main thread waits for step k's end (the GIL released), puts its
+        # outputs, schedules and launches step k+2
         ends = [time.monotonic_ns() + device_us * 1e3]  # step 0, in flight already
         ends.append(ends[0] + device_us * 1e3)
         t_start = time.monotonic_ns()
