@@ -67,3 +67,25 @@ def test_network_options_without_what_they_need_are_refused_with_why(args, what)
     proc = subprocess.run([sys.executable, "-m", "hotloop.cli", "soak", "--minutes", "0.1", *args],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     assert proc.returncode == 2 and what in proc.stderr, (proc.returncode, proc.stderr)
+
+
+def test_a_relay_stopped_by_the_kill_of_a_reader_of_its_node_is_documented_not_lost():
+    # the DeadPeerError a node's reader gets when its relay abandons the node's ring (shm_ring.cpp's words); the
+    # relay runs in pid 1196, the reader killed was pid 1197
+    from types import SimpleNamespace
+
+    from hotloop.soak.queue_load import _lost_its_relay
+
+    abandoned = ("the writer (pid 1196) of queue /hotloop-node-4026531836-06d6c01b9f0dd055aeab639f548282a1 lost its "
+                 "own source (a node's relay lost the queue's writer); every message it received was delivered: "
+                 "recreate the queue")
+    died = "the writer (pid 1197) of queue /hotloop-node-4026531836-06d6c01b9f0dd055aeab639f548282a1 died"
+    report = {"end": "dead_peer", "error": abandoned}
+    relayed, relay = SimpleNamespace(pid=1197), SimpleNamespace(pid=1196)
+    assert _lost_its_relay(report, relayed, killed_on_its_node=True)  # another reader of the node: the relay stopped
+    assert not _lost_its_relay(report, relayed, killed_on_its_node=False)  # a kill elsewhere does not explain it
+    assert _lost_its_relay({"end": "dead_peer", "error": died}, relayed, killed_on_its_node=False)  # the relay killed
+    assert not _lost_its_relay(report, None, killed_on_its_node=False)  # no kill: unexplained
+    assert not _lost_its_relay({"end": "closed", "error": ""}, relayed, killed_on_its_node=True)
+    direct = {"end": "dead_peer", "error": "the writer (pid 1196) of queue /hotloop-q-1 died"}
+    assert not _lost_its_relay(direct, relay, killed_on_its_node=True)  # not a node's ring

@@ -17,7 +17,10 @@ Contract:
   closed its reader, or the node stopped answering), the writer's ``enqueue`` raises DeadPeerError naming a rank
   of the node and the node (or drops them all, ``dead_reader="drop"``); the node's readers raise DeadPeerError
   once they have read every message the relay received (the relay's process died: the ring's writer is dead;
-  the relay lost the writer: it abandons the ring). The writer's shutdown reaches them as ClosedError.
+  the relay lost the writer: it abandons the ring). So does a relayed reader that dies while the node's ring is
+  full behind it: the relay's write into the ring finds its cursor dead and raises DeadPeerError (with the
+  queue's ``dead_reader="drop"``, the ring drops it instead), and the relay abandons the ring. The writer's
+  shutdown reaches them as ClosedError.
 - The ring's name is removed when the first message arrives (every reader of the node attached by then, since
   the writer waits for them) or when the relay closes; a relay killed before that leaves a name that
   ``reap_stale_segments()`` removes (its header names a dead writer). A relayed rank that left cannot attach

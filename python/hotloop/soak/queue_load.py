@@ -8,7 +8,8 @@ Contract:
   good. The writer counts what ``enqueue`` accepted in a file that survives its SIGKILL.
 - One kill per generation (``targets()`` offers none once one hit), so its survivors' errors are unambiguous:
   the writer's DeadPeerError for a dead reader, the readers' for a dead writer, and, when the reader killed was
-  its node's relay (remote readers of a node share one stream: ``queue/relay.py``), the DeadPeerError of the
+  its node's relay (remote readers of a node share one stream: ``queue/relay.py``) or another reader of that
+  node (whose dead cursor stops the relay once the node's ring is full behind it), the DeadPeerError of the
   node's other readers, whose tail the relay had not yet written is counted as in flight, not lost (documented
   there). When every process of the
   generation ended (or HANG_S passed: hung, killed, counted), ``_account`` adds the readers' counts to
@@ -183,11 +184,16 @@ def _proxy_main(netns: str, port: int, writer_ip: str, conn) -> None:
                       ready=lambda: conn.send("ready")))
 
 
-def _lost_its_relay(report: dict, killed) -> bool:
-    """Whether a remote reader ended because the reader killed this generation was its node's relay: its
-    DeadPeerError names that process as the writer of the node's ring (``hotloop-node-...``)."""
-    return (killed is not None and report["end"] == "dead_peer" and "/hotloop-node-" in report["error"]
-            and f"(pid {killed.pid})" in report["error"])
+def _lost_its_relay(report: dict, killed, killed_on_its_node: bool) -> bool:
+    """Whether a remote reader ended because its node's relay stopped (``queue/relay.py``), and the kill of this
+    generation explains it. Its DeadPeerError names the node's ring (``hotloop-node-...``) and either names the
+    killed process as that ring's writer (the killed reader was the relay), or says the relay abandoned the ring
+    and the killed reader was another reader of the node (`killed_on_its_node`): a relayed reader that dies while
+    the node's ring is full behind it makes the relay's write raise DeadPeerError, and the relay then abandons the
+    ring, as it does when it loses the writer."""
+    if killed is None or report["end"] != "dead_peer" or "/hotloop-node-" not in report["error"]:
+        return False
+    return f"(pid {killed.pid})" in report["error"] or (killed_on_its_node and "lost its own source" in report["error"])
 
 
 @dataclass
@@ -199,7 +205,7 @@ class ReaderTotals:
     ooo: int = 0
     bad: int = 0
     inflight_at_writer_kill: int = 0  # remote tail a killed writer never sent (documented: ZeroMQ sends later)
-    inflight_at_relay_kill: int = 0  # tail a killed relay had not written into its node's ring (documented)
+    inflight_at_relay_kill: int = 0  # tail a stopped relay had not written into its node's ring (documented)
     cut_off_tail: int = 0  # what a partitioned reader never received after its node was cut off (not lost)
     generations: int = 0
 
@@ -542,7 +548,10 @@ class QueueGroup:
             if r is None:
                 unexpected(f"reader r{rank} exited (code {p.exitcode}) without a report")
                 continue
-            relay_killed = _lost_its_relay(r, readers[reader_killed] if reader_killed is not None else None)
+            killed = readers[reader_killed] if reader_killed is not None else None
+            # remote readers of one queue share a node, and so a relay (node_id(): the soak sets no HOTLOOP_NODE_ID)
+            killed_on_its_node = killed is not None and min(rank, reader_killed) >= self.n_local
+            relay_killed = _lost_its_relay(r, killed, killed_on_its_node)
             if writer_killed:
                 if r["end"] == "dead_peer":
                     kill.detected_s.append(r["t"] - kill.t)

@@ -86,7 +86,7 @@ class Report(Findings):
                 row(sec, "corrupt or foreign", t.bad, True)
                 if rank >= g.n_local:
                     row(sec, "in flight when its writer was killed (documented)", t.inflight_at_writer_kill)
-                    row(sec, "in flight when its node's relay was killed (documented)", t.inflight_at_relay_kill)
+                    row(sec, "in flight when its node's relay stopped (documented)", t.inflight_at_relay_kill)
                 if rank >= g.n_local and g.nodes is not None:
                     row(sec, "sent after its node was cut off (never delivered)", t.cut_off_tail)
         row("queue", "generations", sum(g.generations for g in groups))
