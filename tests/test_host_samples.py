@@ -241,7 +241,7 @@ def test_hotloop_reader_with_no_message_costs_no_cpu(py_spy, child):
     res = host_samples.sample({"reader": pid}, SECONDS)["reader"]
     assert res["check"] == "ok", res["check"]
     # the exact figure (schedstat) is under 1 % of a core; the sampled ones are 200 samples, each 0.5 %, and a
-    # sample can catch the parked reader runnable as its park wakes for the writer's liveness (CI once saw 2)
+    # sample can catch the parked reader runnable in a wake-up of its park (CI once saw 2)
     assert res["measured_cpu_pct"] < 1.0, res
     assert res["waiting_cpu_pct"] <= 2.0 and res["work_cpu_pct"] <= 2.0, res
 
