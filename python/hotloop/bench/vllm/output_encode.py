@@ -120,10 +120,48 @@ def encode_p50_us(outs, reps: int = 200) -> float:
     return median(times) / 1e3
 
 
+def _attach_signalled(output_send):
+    """hotloop's OutputQueue that says when its output thread has opened its sockets (an event, not a poll)."""
+
+    class AttachSignalled(output_send.OutputQueue):
+        def __init__(self):
+            super().__init__()
+            self.attached = threading.Event()
+
+        def attach(self, sender) -> None:
+            super().attach(sender)
+            if sender is not None:
+                self.attached.set()
+
+    return AttachSignalled()
+
+
+def _drive(q, outs, steps: int, work: int, device_us: float) -> tuple[list[float], int, float]:
+    """The engine core's main thread on the async path, two steps in flight: the device runs step k for device_us
+    from its launch or the end of step k-1, whichever is later; the main thread waits for step k's end (the GIL
+    released), puts its outputs, schedules and launches step k+2. (put + next schedule per step in us, the start
+    on CLOCK_MONOTONIC in ns, the steps' seconds)."""
+    from vllm.v1.engine import EngineCoreOutputs
+
+    critical = []
+    ends = [time.monotonic_ns() + device_us * 1e3]  # step 0, in flight already
+    ends.append(ends[0] + device_us * 1e3)
+    t_start = time.monotonic_ns()
+    for k in range(steps):
+        left = ends[k] - time.monotonic_ns()
+        if left > 0:
+            time.sleep(left / 1e9)  # the step's result: the GIL released
+        t0 = time.perf_counter_ns()
+        q.put_nowait((0, EngineCoreOutputs(engine_index=0, outputs=outs, timestamp=time.monotonic())))
+        _spin(work)  # the next schedule
+        critical.append((time.perf_counter_ns() - t0) / 1e3)
+        ends.append(max(time.monotonic_ns(), ends[k + 1]) + device_us * 1e3)  # step k+2 launched
+    return critical, t_start, (time.monotonic_ns() - t_start) / 1e9
+
+
 def run_arm(outs, arm: str, steps: int, work: int, device_us: float) -> dict:
     """One arm on one shape: `steps` steps through a fresh output thread to a fresh front-end process."""
     import vllm.v1.engine.core as core_mod
-    from vllm.v1.engine import EngineCoreOutputs
 
     from hotloop.vllm import output_send
 
@@ -138,34 +176,15 @@ def run_arm(outs, arm: str, steps: int, work: int, device_us: float) -> dict:
             core.output_queue = queue.Queue()
             target = core_mod.EngineCoreProc.process_output_sockets
         else:
-            core = types.SimpleNamespace(output_queue=output_send.OutputQueue())
+            core = types.SimpleNamespace(output_queue=_attach_signalled(output_send))
             target = output_send.process_output_sockets
         thread = threading.Thread(target=target, args=(core, [addr], None, 0), daemon=True)
         thread.start()
         q = core.output_queue
-        if arm != "vllm":  # its sockets open before the first put, as in an engine core (the handshake comes first)
-            deadline = time.monotonic() + 10
-            while not q.sender:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("hotloop's output thread did not open its socket within 10 s")
-                time.sleep(0.001)
-        critical = []
-        # async scheduling, two steps in flight: the device runs step k for device_us from its launch or the end
-        # of step k-1, whichever is later; the main thread waits for step k's end (the GIL released), puts its
-        # outputs, schedules and launches step k+2
-        ends = [time.monotonic_ns() + device_us * 1e3]  # step 0, in flight already
-        ends.append(ends[0] + device_us * 1e3)
-        t_start = time.monotonic_ns()
-        for k in range(steps):
-            left = ends[k] - time.monotonic_ns()
-            if left > 0:
-                time.sleep(left / 1e9)  # the step's result: the GIL released
-            t0 = time.perf_counter_ns()
-            q.put_nowait((0, EngineCoreOutputs(engine_index=0, outputs=outs, timestamp=time.monotonic())))
-            _spin(work)  # the next schedule
-            critical.append((time.perf_counter_ns() - t0) / 1e3)
-            ends.append(max(time.monotonic_ns(), ends[k + 1]) + device_us * 1e3)  # step k+2 launched
-        elapsed_s = (time.monotonic_ns() - t_start) / 1e9
+        # hotloop's: its sockets open before the first put, as in an engine core (the handshake comes first)
+        if arm != "vllm" and not q.attached.wait(10):
+            raise RuntimeError("hotloop's output thread did not open its socket within 10 s")
+        critical, t_start, elapsed_s = _drive(q, outs, steps, work, device_us)
         q.put_nowait(core_mod.EngineCoreProc.ENGINE_CORE_DEAD)
         thread.join(30)
         out, _ = fe.communicate(timeout=60)
