@@ -541,6 +541,7 @@ class QueueGroup:
         if not writer_killed and writer not in hung:
             self._check_writer(unexpected, writer, w_report, sent, kill, partition, reader_killed, reader_cut)
         per_rank = {}
+        killed = readers[reader_killed] if reader_killed is not None else None
         for rank, p in enumerate(readers):
             if rank == reader_killed or p in hung:
                 continue
@@ -548,7 +549,6 @@ class QueueGroup:
             if r is None:
                 unexpected(f"reader r{rank} exited (code {p.exitcode}) without a report")
                 continue
-            killed = readers[reader_killed] if reader_killed is not None else None
             # remote readers of one queue share a node, and so a relay (node_id(): the soak sets no HOTLOOP_NODE_ID)
             killed_on_its_node = killed is not None and min(rank, reader_killed) >= self.n_local
             relay_killed = _lost_its_relay(r, killed, killed_on_its_node)
