@@ -26,6 +26,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes many seconds (pytest -m \"not slow\" for a quick run)")
+    config.addinivalue_line("markers", "quiet: a timing check in milliseconds that needs a core free beside it "
+                            "(scripts/test_pythons.sh runs these one at a time, after the suites it runs side by side)")
 
 
 # Under an emulator: scripts/test_aarch64.sh runs the torch-free suite in an aarch64 Python under qemu-user with

@@ -56,7 +56,11 @@ def test_a_node_ring_written_by_this_process_or_a_dead_one_is_the_tests(fake_nod
     child = subprocess.Popen(["true"])
     child.wait()
     orphan = fake_node_ring(child.pid)  # its writer is gone: a leak of this test
-    assert {own, orphan} <= own_segments()
+    mine = own_segments()
+    assert own in mine
+    # counted while it is there: the reaper of another hotloop process running beside this one (another test
+    # suite) may remove a dead writer's ring at any moment
+    assert orphan in mine or not os.path.exists(f"/dev/shm/{orphan}"), mine
 
 
 def test_a_node_ring_whose_header_is_not_written_yet_is_nobodys():

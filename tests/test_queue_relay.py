@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from conftest import hotloop_segments
 from hotloop import ClosedError, DeadPeerError, MessageQueue, _core
+from hotloop.queue.relay import ring_name
 
 READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay_reader.py")
 BOUND_S = 5.0  # a dead process is seen at once (its connections close); slack for a loaded 2-core machine
@@ -52,10 +52,6 @@ class Reader:
         self.proc.stdout.close()
 
 
-def node_segments():
-    return {e for e in hotloop_segments() if e.startswith("hotloop-node-")}
-
-
 @pytest.fixture
 def cluster(tmp_path):
     """start(placement, **queue_kwargs) -> (writer, {rank: Reader}): rank 0 local (in this process: None), the
@@ -71,12 +67,13 @@ def cluster(tmp_path):
         readers = {rank: Reader(path, rank, node) for rank, node in placement.items()}
         local = MessageQueue.create_from_handle(mq.export_handle(), 0)
         made.append((mq, local, readers))
+        rings.update(ring_name(mq.export_handle().name, node) for node in placement.values())
         for r in readers.values():
             r.next("attached")
         mq.wait_until_ready(timeout=60)
         return mq, local, readers
 
-    before = node_segments()
+    rings = set()  # this test's node rings (other test processes may run beside it and have their own)
     yield start
     for mq, local, readers in made:
         mq.close()
@@ -85,7 +82,8 @@ def cluster(tmp_path):
             r.close()
     # a relay killed before the first message leaves its ring's name for the reaper (every new queue runs it)
     _core.reap_stale_segments()
-    assert node_segments() <= before, "a node ring was left in /dev/shm"
+    left = {name for name in rings if os.path.exists("/dev/shm" + name)}
+    assert not left, f"node rings left in /dev/shm: {left}"
 
 
 def test_readers_on_a_node_share_one_stream_and_each_gets_every_message_once_in_order(cluster):
@@ -171,19 +169,19 @@ def test_a_killed_reader_behind_a_relay_is_named_by_the_writer(cluster):
 
 
 def test_a_relay_killed_before_the_first_message_leaves_nothing_once_reaped(tmp_path):
-    before = node_segments()
     mq = MessageQueue(3, 1, connect_ip="127.0.0.1")
+    ring = "/dev/shm" + ring_name(mq.export_handle().name, "node-a")
     path = str(tmp_path / "handle")
     with open(path, "wb") as f:
         pickle.dump(mq.export_handle(), f)
     first = Reader(path, 1, "node-a")  # the node's relay; its node ring is named until the first message
     try:
         first.next("attached")
-        assert len(node_segments() - before) == 1
+        assert os.path.exists(ring)
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(10)
         _core.reap_stale_segments()
-        assert node_segments() <= before, "the dead relay's ring is reaped"
+        assert not os.path.exists(ring), "the dead relay's ring is reaped"
     finally:
         first.close()
         mq.close()

@@ -297,6 +297,7 @@ def test_prompt_gil_handover_restores_the_switch_interval():
     assert sys.getswitchinterval() == before, "concurrent prompt hand-overs must leave the interval as it was"
 
 
+@pytest.mark.quiet  # beside three test suites at once its median was 5.4 ms (the busy thread and the waiter need a core each)
 def test_a_woken_waiter_gets_the_gil_back_promptly_beside_a_busy_python_thread():
     """The hand-over works on this Python (3.10-3.11 shorten the switch interval at wake-up, 3.12+ before
     parking): a thread running pure Python would otherwise keep the woken waiter out for its whole switch
@@ -363,8 +364,10 @@ def backend(request):
     _core.set_park_backend("auto")
 
 
-def _echo_after(go_r, writer, rounds, delay):
-    """Child: for each byte on go_r, wait `delay`, then enqueue the time (CLOCK_MONOTONIC ns) through `writer`."""
+def _echo_after(go_r, go_w, writer, rounds, delay):
+    """Child: for each byte on go_r, wait `delay`, then enqueue the time (CLOCK_MONOTONIC ns) through `writer`. Its
+    forked copy of the pipe's write end is closed first, so the parent's close ends it."""
+    os.close(go_w)
     for _ in range(rounds):
         if not os.read(go_r, 1):
             break
@@ -405,25 +408,32 @@ def test_shared_memory_reader_rung_by_another_process_wakes_a_wait_that_also_wat
     rounds = 12
     q = MessageQueue(1)
     go_r, go_w = os.pipe()
-    child = FORK.Process(target=_echo_after, args=(go_r, q, rounds, 0.003))
+    child = FORK.Process(target=_echo_after, args=(go_r, go_w, q, rounds, 0.01))
     child.start()
     reader = MessageQueue.create_from_handle(q.export_handle(), 0)
     a, b = socket.socketpair()
     try:
         q.wait_until_ready(30)
         w = Waiter([reader, a], policy=PARK_AT_ONCE)
-        lat = []
+        lat, phases = [], []
         for i in range(rounds):
             os.write(go_w, b"g")
             assert w.wait(timeout=5) == [reader], f"round {i}"
             woke = w.last_wake_ns
             (sent,) = struct.unpack("q", reader.dequeue_bytes(timeout=1))
-            assert w.last_phase == "park"
-            lat.append(woke - sent)
+            phases.append(w.last_phase)
+            if w.last_phase == "park":
+                lat.append(woke - sent)
+        # a round whose message came before the wait parked (the child's 10 ms delay outlasted by a loaded
+        # machine's scheduling) ends "immediate" and says nothing of the wake-up: most rounds park
+        assert phases.count("park") >= rounds // 2 and set(phases) <= {"park", "immediate"}, phases
         assert w.safety_wakeups == 0
     finally:
         os.close(go_w)
         child.join(10)
+        if child.is_alive():  # a failed round left it waiting for its next byte
+            child.kill()
+            child.join()
         os.close(go_r)
         a.close()
         b.close()
