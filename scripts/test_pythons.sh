@@ -59,7 +59,8 @@ test_deps=(pytest numpy hypothesis prometheus_client)
 # so the three together take little longer than one. Its timing checks are bounded for a loaded 2-core machine
 # (medians, or tenths of a second and more). What they do not bear is both cores kept busy for the whole time: a
 # suite run beside the next Python's build (tried, when each Python compiled its own) failed them, e.g. a woken
-# waiter back in Python within 2 ms beside a busy thread (5.2 ms with both cores compiling).
+# waiter back in Python within 2 ms beside a busy thread (5.2 ms with both cores compiling). The few millisecond
+# checks that need a core free beside them are marked quiet (tests/conftest.py) and run after the suites, alone.
 summary=()
 for v in $pythons; do
   interpreter "$v" >/dev/null || {
